@@ -1,0 +1,257 @@
+"""The one-call dry run: a model (or zoo name) and input shapes in, a Trace out.
+
+The user's model is never touched: Blink traces a copy whose parameters and buffers are fresh
+meta tensors (a deepcopy with those pre-seeded in the memo, so no weight is ever copied).
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+
+from . import zoo
+from .errors import ConfigError
+from .trace import _C, Trace, trace
+
+MODES = ("inference", "train")
+OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+# name -> (parameter dtype, autocast dtype or None)
+DTYPES: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
+    "fp32": (torch.float32, None),
+    "bf16": (torch.bfloat16, None),
+    "fp16": (torch.float16, None),
+    "amp-bf16": (torch.float32, torch.bfloat16),
+    "amp-fp16": (torch.float32, torch.float16),
+}
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
+                  "half": "fp16", "autocast": "amp-bf16", "amp": "amp-bf16"}
+
+
+def normalize_dtype(dtype: str | torch.dtype | None) -> str:
+    if dtype is None:
+        return "fp32"
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    if not isinstance(dtype, str):
+        raise ConfigError(f"dtype must be a string or torch.dtype, not {type(dtype).__name__}")
+    key = _DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+    if key not in DTYPES:
+        raise ConfigError(
+            f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)} "
+            "(amp-* = fp32 weights under CUDA autocast)"
+        )
+    return key
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+    if value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value}")
+    return value
+
+
+def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A structural copy of `model` whose tensors are new meta tensors; `model` is untouched."""
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        if id(p) not in memo:
+            memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"),
+                                             requires_grad=p.requires_grad)
+    for b in model.buffers():
+        if id(b) not in memo:
+            memo[id(b)] = torch.empty_like(b, device="meta")
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as exc:  # noqa: BLE001 - any failure means we cannot copy safely
+        raise ConfigError(
+            f"cannot make a meta-device copy of {type(model).__name__} ({exc}). Build the model "
+            "on the meta device yourself (`with torch.device('meta'): model = MyModel()`) and "
+            "pass that, or trace your own code with `with blink.trace(model):`."
+        ) from exc
+
+
+def _to_meta(value: object, where: str) -> object:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, Mapping):
+        return {k: _to_meta(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_meta(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if value is None or isinstance(value, (int, float, bool, str)):
+        return value
+    raise ConfigError(f"{where}: unsupported input type {type(value).__name__}; pass tensors, "
+                      "or tuples / lists / dicts of tensors")
+
+
+def _shape_inputs(input_shape: object, batch_size: int | None,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    shapes: list[Sequence[int]]
+    if isinstance(input_shape, Sequence) and input_shape and all(
+            isinstance(s, Sequence) for s in input_shape):
+        shapes = list(input_shape)  # several inputs
+    elif isinstance(input_shape, Sequence):
+        shapes = [input_shape]
+    else:
+        raise ConfigError(f"input_shape must be a tuple of ints (or a list of them), "
+                          f"not {input_shape!r}")
+    out = []
+    for shape in shapes:
+        dims = list(shape)
+        if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in dims):
+            raise ConfigError(
+                f"bad input_shape {tuple(shape)!r}: every dimension must be a positive integer, "
+                "batch dimension first, e.g. (32, 3, 224, 224)"
+            )
+        if batch_size is not None:
+            dims[0] = batch_size
+        out.append(torch.empty(*dims, dtype=dtype, device="meta"))
+    return tuple(out)
+
+
+def _default_loss(output: object, labels: torch.Tensor | None) -> torch.Tensor:
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
+        return output["loss"]
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        output = output[0]
+    logits = getattr(output, "logits", output)
+    if not isinstance(logits, torch.Tensor):
+        raise ConfigError("cannot derive a loss from the model's output; pass loss_fn=")
+    if labels is not None and logits.dim() == 2 and labels.dim() == 1:
+        return torch.nn.functional.cross_entropy(logits, labels)
+    # A stand-in loss for arbitrary models: one reduction, so backward starts from every output.
+    return logits.float().sum()
+
+
+def _make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
+    # foreach=True: the multi-tensor path CUDA uses by default (meta tensors would otherwise get
+    # the per-parameter loop, which is not what a GPU run executes).
+    if name == "none" or not params:
+        return None
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4, foreach=True)
+    return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=True)
+
+
+def trace_model(
+    model: torch.nn.Module | str,
+    inputs: object = None,
+    *,
+    input_shape: object = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    dtype: str | torch.dtype | None = None,
+    mode: str = "inference",
+    optimizer: str = "adamw",
+    gpu: str = "H200",
+    loss_fn: Callable[[object], torch.Tensor] | None = None,
+    nonzero: str = "error",
+) -> Trace:
+    """Dry-run an inference forward or one whole training step and return its Trace.
+
+    `model` is an nn.Module or a zoo name (``blink.zoo.list_models()``). Inputs come from
+    `inputs` (tensors on any device; only their shapes and dtypes are used), from `input_shape`
+    (batch dimension first; `batch_size` replaces it), or, for zoo models, from `batch_size` and
+    `seq_len`. mode="train" runs forward, loss, backward and `optimizer.step()`.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"unknown mode {mode!r}; choose 'inference' or 'train'")
+    if not isinstance(optimizer, str) or optimizer.lower() not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+    optimizer = optimizer.lower()
+    dtype_key = normalize_dtype(dtype)
+    param_dtype, amp_dtype = DTYPES[dtype_key]
+    if batch_size is not None:
+        _positive_int("batch_size", batch_size)
+    if seq_len is not None:
+        _positive_int("seq_len", seq_len)
+
+    zoo_name = model if isinstance(model, str) else None
+    kwargs: dict[str, Any] = {}
+    args: tuple[Any, ...] = ()
+    labels: torch.Tensor | None = None
+    if zoo_name is not None:
+        entry = zoo.get_entry(zoo_name)  # raises with the list of known names
+        if inputs is None and input_shape is None:
+            if batch_size is None:
+                raise ConfigError(f"give batch_size for {zoo_name} (e.g. batch_size=8)")
+            kwargs = zoo.make_inputs(zoo_name, batch_size, seq_len, param_dtype,
+                                     with_labels=mode == "train")
+            if not zoo_name.startswith("hf:") and "labels" in kwargs:
+                labels = kwargs.pop("labels")
+        net = zoo.build(zoo_name)
+        family = entry.family
+    else:
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module or a zoo name, not "
+                              f"{type(model).__name__}; known names: blink.zoo.list_models()")
+        net = _meta_copy(model)
+        family = type(model).__name__
+    if not kwargs:
+        if inputs is not None:
+            moved = _to_meta(inputs, "inputs")
+            if isinstance(moved, Mapping):
+                kwargs = dict(moved)
+            elif isinstance(moved, tuple):
+                args = moved
+            else:
+                args = (moved,)
+        elif input_shape is not None:
+            args = _shape_inputs(input_shape, batch_size, param_dtype)
+        else:
+            raise ConfigError(
+                "no inputs: pass inputs=(tensors...), input_shape=(batch, ...) or, for zoo "
+                "models, batch_size="
+            )
+
+    if param_dtype != torch.float32:
+        net = net.to(param_dtype)
+    net.train(mode == "train")
+    if mode == "inference":
+        for p in net.parameters():
+            p.requires_grad_(False)
+
+    meta = {
+        "model": zoo_name or type(model).__name__, "family": family, "mode": mode,
+        "dtype": dtype_key, "batch_size": batch_size, "seq_len": seq_len,
+        "optimizer": optimizer if mode == "train" else None,
+        "torch_version": torch.__version__,
+    }
+    params = [p for p in net.parameters() if p.requires_grad]
+    with ExitStack() as stack:
+        t = trace(net, gpu=gpu, nonzero=nonzero, meta=meta)
+        result = stack.enter_context(t)
+        opt = _make_optimizer(optimizer, params) if mode == "train" else None
+        if amp_dtype is not None:
+            from .autocast import meta_autocast
+
+            amp = stack.enter_context(ExitStack())
+            amp.enter_context(meta_autocast(amp_dtype))
+        else:
+            amp = None
+        if mode == "inference":
+            stack.enter_context(torch.no_grad())
+        out = net(*args, **kwargs)
+        if mode == "train":
+            loss = loss_fn(out) if loss_fn is not None else _default_loss(out, labels)
+            if amp is not None:
+                amp.close()  # autocast covers forward and loss, never backward
+            del out
+            _C.tracer_set_phase(1)
+            loss.backward()
+            del loss
+            _C.tracer_set_phase(0)
+            if opt is not None:
+                opt.step()  # its hooks mark the optimizer phase
+                opt.zero_grad(set_to_none=True)
+        else:
+            del out
+    return result

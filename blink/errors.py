@@ -1,0 +1,45 @@
+"""Blink's exceptions. Every error Blink raises on purpose is a BlinkError."""
+from __future__ import annotations
+
+
+class BlinkError(Exception):
+    """Base class; the C++ core's blink::Error arrives as a subclass of this type."""
+
+
+class ConfigError(BlinkError, ValueError):
+    """A bad argument: unknown name, bad shape, dtype or batch size."""
+
+
+class UnknownGPUError(ConfigError, KeyError):
+    """A GPU name that is not in the hardware table."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownModelError(ConfigError, KeyError):
+    """A zoo name that Blink does not know."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ExtensionLoadError(BlinkError, ImportError):
+    """blink._C is missing or was built for another torch / Python."""
+
+
+class TraceError(BlinkError, RuntimeError):
+    """The model could not be dry-run; names the op and the module path."""
+
+    def __init__(self, message: str, *, op: str | None = None, module: str | None = None) -> None:
+        super().__init__(message)
+        self.op = op
+        self.module = module
+
+
+class DataDependentError(TraceError):
+    """An op whose output shape depends on tensor values (nonzero, masks, .item())."""
+
+
+class MissingMetaKernelError(TraceError):
+    """An op (often a custom one) with no meta kernel, so it cannot run in a dry run."""

@@ -1,0 +1,600 @@
+"""The GPU hardware table: peak FLOP/s, memory, bandwidth and cache of the GPUs Blink models.
+
+The built-in table is ``blink/data/gpus.json`` (package data). Every peak FLOP/s figure in it is
+DENSE: NVIDIA datasheets often print 2:4-structured-sparsity figures, which are twice the dense
+rate and are never used here.
+
+Look a GPU up with :func:`get_gpu` (canonical name or alias, case-insensitive, ignoring spaces,
+underscores and hyphens, e.g. ``get_gpu("NVIDIA H200")`` or ``get_gpu("h100 sxm")``). Add your
+own GPUs with :func:`register_gpu_file` or the ``BLINK_GPU_FILE`` environment variable (one path,
+or several separated by ``os.pathsep``), read on the first lookup. A user file has the schema of
+the built-in one: either ``{"format_version": 1, "gpus": [...]}`` or a single GPU object.
+
+This module is pure Python: it imports neither torch nor the compiled extension.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from .errors import ConfigError, UnknownGPUError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "GPU_FILE_ENV",
+    "PEAK_FLOPS_KEYS",
+    "GPUSpec",
+    "get_gpu",
+    "list_gpus",
+    "register_gpu_file",
+]
+
+FORMAT_VERSION = 1
+GPU_FILE_ENV = "BLINK_GPU_FILE"
+PEAK_FLOPS_KEYS = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+# peak_flops keys that every GPU must give a number for; the others may be null or absent.
+_REQUIRED_PEAKS = ("fp32", "fp16")
+FORM_FACTORS = ("SXM", "PCIe")
+
+_BUILTIN_ORIGIN = "the built-in GPU table (blink/data/gpus.json)"
+_HOW_TO_ADD = (
+    "To add a GPU, describe it in a JSON file with the schema of blink/data/gpus.json (a single "
+    'GPU object, or {"format_version": 1, "gpus": [...]}) and call '
+    "blink.hardware.register_gpu_file(path), or set the environment variable "
+    f"{GPU_FILE_ENV} to the file's path (several paths separated by {os.pathsep!r})."
+)
+
+# dtype spellings accepted by GPUSpec.peak_flops_for -> the peak_flops key.
+# fmt: off
+_DTYPE_KEYS: dict[str, str] = {
+    "fp64": "fp64", "float64": "fp64", "double": "fp64",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+    "tf32": "tf32", "tfloat32": "tf32",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp8": "fp8", "float8": "fp8", "e4m3": "fp8", "e5m2": "fp8",
+    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8",
+    "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
+    "int8": "int8", "i8": "int8",
+}
+# fmt: on
+
+_ARCH_RE = re.compile(r"^sm_(\d+)([a-z]?)$")
+_SEPARATORS_RE = re.compile(r"[\s_\-]+")
+# Vendor words that may be dropped when a name does not match as written ("RTX 4090").
+_VENDOR_WORDS = ("nvidia", "geforce", "tesla")
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU of the hardware table. Units: bytes, bytes/s, FLOP/s (ops/s for int8), MHz, W.
+
+    ``peak_flops`` maps each of :data:`PEAK_FLOPS_KEYS` to a DENSE peak (None where the GPU has
+    no such mode): ``fp32`` is the CUDA-core (SIMT) rate; ``tf32``, ``fp16``, ``bf16``, ``fp8``
+    and ``int8`` are tensor-core rates with FP32 accumulate where the vendor distinguishes;
+    ``fp64`` is the vector (non-tensor) rate. On GPUs without fp16 tensor cores
+    (``fp16_tensor_core`` False: P100, P4) ``fp16`` is the CUDA-core rate. Treat it as read-only.
+    """
+
+    name: str
+    aliases: tuple[str, ...]
+    arch: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    boost_clock_mhz: float
+    memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    l2_bytes: int
+    form_factor: str
+    tdp_w: float
+    peak_flops: dict[str, float | None] = field(hash=False)
+    fp16_tensor_core: bool = True
+    source: tuple[str, ...] = ()
+    notes: str = ""
+    memory_note: str = ""
+    origin: str = field(default=_BUILTIN_ORIGIN, compare=False)
+
+    def peak_flops_for(self, dtype: str, tensor_cores: bool = True) -> float:
+        """Dense peak FLOP/s for ``dtype`` ("fp32", "tf32", "bf16", "fp16", "fp8", "int8",
+        "fp64"; torch spellings such as "float16" or "torch.bfloat16" work too).
+
+        With ``tensor_cores=True`` (matmul-class work): "fp32" is the CUDA-core rate (PyTorch
+        does not use TF32 unless asked); "tf32", "bf16", "fp16", "fp8" and "int8" are the
+        tensor-core rates (on P100/P4, which have no tensor cores, "fp16" is the CUDA-core rate).
+        With ``tensor_cores=False`` (elementwise work on CUDA cores): "fp32" and "tf32" give the
+        FP32 rate, and so do "fp16" and "bf16", because PyTorch's elementwise kernels compute
+        half-precision values in float; "fp64" gives the FP64 rate; fp8 and int8 have none.
+
+        Raises ConfigError for an unknown dtype or one this GPU does not support.
+        """
+        key = _dtype_key(dtype)
+        if not tensor_cores:
+            if key in ("fp32", "tf32", "fp16", "bf16"):
+                key = "fp32"
+            elif key != "fp64":
+                raise ConfigError(
+                    f"GPU {self.name!r}: Blink has no CUDA-core (tensor_cores=False) rate for "
+                    f"{key}; {key} arithmetic runs on tensor cores only."
+                )
+        value = self.peak_flops.get(key)
+        if value is None:
+            raise ConfigError(
+                f"GPU {self.name!r} ({self.arch}) has no {key} {_unit_name(key)} "
+                f"(peak_flops[{key!r}] is null in {self.origin}). {_dtype_hint(key)}"
+            )
+        return float(value)
+
+
+def _unit_name(key: str) -> str:
+    return "CUDA-core rate" if key in ("fp32", "fp64") else "tensor-core support"
+
+
+def _dtype_hint(key: str) -> str:
+    hints = {
+        "tf32": "TF32 needs sm_80 (Ampere) or newer; use 'fp32'.",
+        "bf16": "BF16 tensor cores need sm_80 (Ampere) or newer; use 'fp16' or 'fp32'.",
+        "fp8": "FP8 tensor cores need sm_89 (Ada) or newer; use 'bf16' or 'fp16'.",
+        "int8": "Use 'fp16' instead.",
+    }
+    return hints.get(key, "")
+
+
+def _dtype_key(dtype: object) -> str:
+    text = str(dtype).strip().lower()
+    text = text.removeprefix("torch.")
+    key = _DTYPE_KEYS.get(text)
+    if key is None:
+        known = ", ".join(sorted(_DTYPE_KEYS))
+        raise ConfigError(f"unknown dtype {dtype!r} for a peak FLOP/s lookup; known: {known}")
+    return key
+
+
+def _normalize(name: str) -> str:
+    """Lookup key: lowercase, with spaces, underscores and hyphens removed."""
+    return _SEPARATORS_RE.sub("", name.strip().lower())
+
+
+def _strip_vendor_words(name: str) -> str:
+    """Lookup key without the words NVIDIA, GeForce and Tesla."""
+    words = [w for w in _SEPARATORS_RE.split(name.strip().lower()) if w]
+    return "".join(w for w in words if w not in _VENDOR_WORDS)
+
+
+def _strip_vendor_words_of_key(key: str) -> str:
+    """Like _strip_vendor_words, for an already normalized key (vendor words as prefixes)."""
+    changed = True
+    while changed:
+        changed = False
+        for word in _VENDOR_WORDS:
+            if key.startswith(word) and len(key) > len(word):
+                key = key[len(word) :]
+                changed = True
+    return key
+
+
+# --------------------------------------------------------------------------------------------
+# Validation of a GPU file
+# --------------------------------------------------------------------------------------------
+
+
+class _Where:
+    """Formats 'file, GPU, field' prefixes for validation errors."""
+
+    def __init__(self, origin: str, gpu: str | None = None) -> None:
+        self.origin = origin
+        self.gpu = gpu
+
+    def error(self, message: str, field_name: str | None = None) -> ConfigError:
+        parts = [self.origin]
+        if self.gpu is not None:
+            parts.append(f"GPU {self.gpu}")
+        if field_name is not None:
+            parts.append(f"field {field_name!r}")
+        return ConfigError(f"{': '.join(parts)}: {message}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _positive_number(where: _Where, obj: Mapping[str, Any], key: str) -> float:
+    value = obj[key]
+    if not _is_number(value):
+        raise where.error(f"must be a number, got {type(value).__name__} {value!r}", key)
+    if not math.isfinite(value) or value <= 0:
+        raise where.error(f"must be a positive finite number, got {value!r}", key)
+    return float(value)
+
+
+def _positive_int(where: _Where, obj: Mapping[str, Any], key: str) -> int:
+    value = obj[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise where.error(f"must be an integer, got {type(value).__name__} {value!r}", key)
+    if value <= 0:
+        raise where.error(f"must be a positive integer, got {value!r}", key)
+    return value
+
+
+def _string(where: _Where, obj: Mapping[str, Any], key: str, *, nonempty: bool = False) -> str:
+    value = obj[key]
+    if not isinstance(value, str):
+        raise where.error(f"must be a string, got {type(value).__name__} {value!r}", key)
+    if nonempty and not value.strip():
+        raise where.error("must not be empty", key)
+    return value
+
+
+def _string_list(where: _Where, obj: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = obj[key]
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise where.error(f"must be a list of non-empty strings, got {value!r}", key)
+    return tuple(v.strip() for v in value)
+
+
+_REQUIRED_FIELDS = (
+    "name",
+    "arch",
+    "compute_capability",
+    "sm_count",
+    "boost_clock_mhz",
+    "memory_bytes",
+    "memory_bandwidth_bytes_per_s",
+    "l2_bytes",
+    "form_factor",
+    "tdp_w",
+    "peak_flops",
+)
+_OPTIONAL_FIELDS = ("aliases", "source", "notes", "memory_note", "fp16_tensor_core")
+
+
+def _parse_peak_flops(where: _Where, raw: object) -> dict[str, float | None]:
+    if not isinstance(raw, dict):
+        raise where.error(
+            f"must be an object mapping {', '.join(PEAK_FLOPS_KEYS)} to FLOP/s, got {raw!r}",
+            "peak_flops",
+        )
+    unknown = sorted(k for k in raw if k not in PEAK_FLOPS_KEYS and not k.startswith("_"))
+    if unknown:
+        raise where.error(
+            f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(PEAK_FLOPS_KEYS)} "
+            "(dense figures only: no sparsity variants)",
+            "peak_flops",
+        )
+    peaks: dict[str, float | None] = {}
+    for key in PEAK_FLOPS_KEYS:
+        label = f"peak_flops.{key}"
+        value = raw.get(key)
+        if value is None:
+            if key in _REQUIRED_PEAKS:
+                missing = "is missing" if key not in raw else "must not be null"
+                raise where.error(f"{missing}; every GPU needs a {key} figure", label)
+            peaks[key] = None
+            continue
+        if not _is_number(value):
+            raise where.error(
+                f"must be a number of FLOP/s or null, got {type(value).__name__} {value!r}",
+                label,
+            )
+        if not math.isfinite(value) or value <= 0:
+            raise where.error(f"must be a positive FLOP/s figure or null, got {value!r}", label)
+        peaks[key] = float(value)
+    return peaks
+
+
+def _parse_gpu(raw: object, origin: str, index: int) -> GPUSpec:
+    where = _Where(origin, f"#{index}")
+    if not isinstance(raw, dict):
+        raise where.error(f"a GPU entry must be a JSON object, got {type(raw).__name__}")
+    name_value = raw.get("name")
+    if isinstance(name_value, str) and name_value.strip():
+        where = _Where(origin, repr(name_value.strip()))
+    missing = [k for k in _REQUIRED_FIELDS if k not in raw]
+    if missing:
+        raise where.error(
+            f"missing required field(s) {', '.join(repr(k) for k in missing)}; required: "
+            f"{', '.join(_REQUIRED_FIELDS)}"
+        )
+    unknown = sorted(
+        k
+        for k in raw
+        if k not in _REQUIRED_FIELDS and k not in _OPTIONAL_FIELDS and not k.startswith("_")
+    )
+    if unknown:
+        raise where.error(
+            f"unknown field(s) {', '.join(repr(k) for k in unknown)}; allowed: "
+            f"{', '.join(_REQUIRED_FIELDS + _OPTIONAL_FIELDS)} (keys starting with '_' are "
+            "comments)"
+        )
+
+    name = _string(where, raw, "name", nonempty=True).strip()
+    arch = _string(where, raw, "arch", nonempty=True).strip()
+    arch_match = _ARCH_RE.match(arch)
+    if arch_match is None:
+        raise where.error(f"must look like 'sm_90' or 'sm_90a', got {arch!r}", "arch")
+
+    cc = raw["compute_capability"]
+    if (
+        not isinstance(cc, list)
+        or len(cc) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in cc)
+    ):
+        raise where.error(
+            f"must be [major, minor] with non-negative integers, got {cc!r}", "compute_capability"
+        )
+    if arch_match.group(1) != f"{cc[0]}{cc[1]}":
+        raise where.error(
+            f"{arch!r} does not match compute_capability {cc!r} (expected 'sm_{cc[0]}{cc[1]}')",
+            "arch",
+        )
+
+    form_factor = _string(where, raw, "form_factor")
+    if form_factor not in FORM_FACTORS:
+        raise where.error(
+            f"must be one of {', '.join(FORM_FACTORS)}, got {form_factor!r}", "form_factor"
+        )
+
+    fp16_tc = raw.get("fp16_tensor_core", True)
+    if not isinstance(fp16_tc, bool):
+        raise where.error(f"must be true or false, got {fp16_tc!r}", "fp16_tensor_core")
+
+    aliases = _string_list(where, raw, "aliases") if "aliases" in raw else ()
+    source = _string_list(where, raw, "source") if "source" in raw else ()
+    notes = _string(where, raw, "notes") if "notes" in raw else ""
+    memory_note = _string(where, raw, "memory_note") if "memory_note" in raw else ""
+
+    return GPUSpec(
+        name=name,
+        aliases=tuple(a.lower() for a in aliases),
+        arch=arch,
+        compute_capability=(cc[0], cc[1]),
+        sm_count=_positive_int(where, raw, "sm_count"),
+        boost_clock_mhz=_positive_number(where, raw, "boost_clock_mhz"),
+        memory_bytes=_positive_int(where, raw, "memory_bytes"),
+        memory_bandwidth_bytes_per_s=_positive_number(where, raw, "memory_bandwidth_bytes_per_s"),
+        l2_bytes=_positive_int(where, raw, "l2_bytes"),
+        form_factor=form_factor,
+        tdp_w=_positive_number(where, raw, "tdp_w"),
+        peak_flops=_parse_peak_flops(where, raw["peak_flops"]),
+        fp16_tensor_core=fp16_tc,
+        source=source,
+        notes=notes,
+        memory_note=memory_note,
+        origin=origin,
+    )
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _parse_document(text: str, origin: str) -> list[GPUSpec]:
+    """Validates a whole GPU file; returns its GPUs (nothing is registered here)."""
+    try:
+        doc = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except ValueError as exc:  # duplicate key
+        raise ConfigError(f"{origin}: invalid JSON object: {exc}") from None
+
+    where = _Where(origin)
+    if isinstance(doc, dict) and "gpus" in doc:
+        if "format_version" not in doc:
+            raise where.error(
+                f"missing; a file with a 'gpus' list must say \"format_version\": {FORMAT_VERSION}",
+                "format_version",
+            )
+        version = doc["format_version"]
+        if type(version) is not int or version != FORMAT_VERSION:
+            raise where.error(
+                f"unsupported value {version!r}; this Blink reads format_version {FORMAT_VERSION}",
+                "format_version",
+            )
+        unknown = sorted(
+            k for k in doc if k not in ("format_version", "gpus") and not k.startswith("_")
+        )
+        if unknown:
+            raise where.error(f"unknown top-level key(s) {', '.join(map(repr, unknown))}")
+        entries = doc["gpus"]
+        if not isinstance(entries, list) or not entries:
+            raise where.error("must be a non-empty list of GPU objects", "gpus")
+    elif isinstance(doc, dict) and "name" in doc:
+        entries = [doc]
+    else:
+        raise where.error(
+            'expected {"format_version": 1, "gpus": [...]} or a single GPU object with a '
+            f"'name', got {type(doc).__name__}"
+            + (f" with keys {sorted(doc)}" if isinstance(doc, dict) else "")
+        )
+
+    specs = [_parse_gpu(entry, origin, i) for i, entry in enumerate(entries)]
+    names: dict[str, str] = {}
+    for spec in specs:
+        key = _normalize(spec.name)
+        if key in names:
+            raise where.error(f"GPU {spec.name!r} appears twice (also as {names[key]!r})")
+        names[key] = spec.name
+    owners = dict(names)
+    for spec in specs:
+        for alias in spec.aliases:
+            key = _normalize(alias)
+            owner = owners.setdefault(key, spec.name)
+            if not key or owner != spec.name:
+                raise where.error(
+                    f"alias {alias!r} of GPU {spec.name!r} "
+                    + ("is empty" if not key else f"also names GPU {owner!r}")
+                )
+    return specs
+
+
+# --------------------------------------------------------------------------------------------
+# The registry
+# --------------------------------------------------------------------------------------------
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.specs: dict[str, GPUSpec] = {}  # canonical name -> spec
+        self.keys: dict[str, str] = {}  # normalized name or alias -> canonical name
+        self.builtin_loaded = False
+        self.env_loaded = False
+
+    def ensure_loaded(self) -> None:
+        with self.lock:
+            if not self.builtin_loaded:
+                text = (
+                    resources.files(__package__ or "blink")
+                    .joinpath("data")
+                    .joinpath("gpus.json")
+                    .read_text(encoding="utf-8")
+                )
+                self._add_all(_parse_document(text, _BUILTIN_ORIGIN), warn=False)
+                self.builtin_loaded = True
+            if not self.env_loaded:
+                # All files are validated before any is added; on an error nothing is added and
+                # the next lookup raises the same error again.
+                paths = os.environ.get(GPU_FILE_ENV, "").split(os.pathsep)
+                parsed = [
+                    _read_gpu_file(p.strip(), via=f"the environment variable {GPU_FILE_ENV}")
+                    for p in paths
+                    if p.strip()
+                ]
+                for specs in parsed:
+                    self._add_all(specs, warn=True)
+                self.env_loaded = True
+
+    def _add_all(self, specs: list[GPUSpec], warn: bool) -> None:
+        for spec in specs:
+            # Only a GPU with the same canonical name is replaced; a name or alias that is an
+            # alias of another GPU just moves to the new one.
+            key = _normalize(spec.name)
+            old = next((g for g in self.specs.values() if _normalize(g.name) == key), None)
+            if old is not None:
+                if warn:
+                    warnings.warn(
+                        f"{spec.origin}: GPU {spec.name!r} overrides GPU {old.name!r} from "
+                        f"{old.origin}",
+                        stacklevel=3,
+                    )
+                self._remove(old.name)
+            for label in (spec.name, *spec.aliases):
+                owner = self.keys.get(_normalize(label))
+                if owner is not None and owner != spec.name and warn:
+                    warnings.warn(
+                        f"{spec.origin}: {label!r} now names GPU {spec.name!r} instead of "
+                        f"{owner!r}",
+                        stacklevel=3,
+                    )
+            self.specs[spec.name] = spec
+            for label in (spec.name, *spec.aliases):
+                self.keys[_normalize(label)] = spec.name
+
+    def _remove(self, name: str) -> None:
+        del self.specs[name]
+        for key in [k for k, owner in self.keys.items() if owner == name]:
+            del self.keys[key]
+
+    def lookup(self, name: str) -> GPUSpec | None:
+        canonical = self.keys.get(_normalize(name))
+        if canonical is None:
+            # Second chance without vendor words: "NVIDIA RTX 4090" -> "rtx 4090".
+            wanted = _strip_vendor_words(name)
+            owners = {
+                owner
+                for key, owner in self.keys.items()
+                if wanted and (key == wanted or _strip_vendor_words_of_key(key) == wanted)
+            }
+            if len(owners) == 1:
+                canonical = owners.pop()
+        return None if canonical is None else self.specs[canonical]
+
+
+def _read_gpu_file(path: str | os.PathLike[str], via: str | None = None) -> list[GPUSpec]:
+    origin = f"GPU file {os.fspath(path)!r}" + (f" (from {via})" if via else "")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{origin}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{origin}: cannot be read ({exc})") from None
+    return _parse_document(text, origin)
+
+
+_REGISTRY = _Registry()
+
+
+def _reset_for_tests() -> None:
+    """Forget registered files and the environment: the next lookup reloads everything."""
+    global _REGISTRY
+    _REGISTRY = _Registry()
+
+
+def list_gpus() -> list[str]:
+    """Canonical names of all known GPUs (built-in and registered), sorted."""
+    _REGISTRY.ensure_loaded()
+    return sorted(_REGISTRY.specs, key=str.lower)
+
+
+def get_gpu(name: str | GPUSpec) -> GPUSpec:
+    """The GPU called ``name``: a canonical name ("H100-SXM") or an alias, such as the string
+    ``torch.cuda.get_device_name()`` returns ("NVIDIA H100 80GB HBM3"). Case, spaces,
+    underscores and hyphens do not matter. A GPUSpec is returned as is.
+
+    Raises UnknownGPUError (a ConfigError and KeyError) listing the known GPUs.
+    """
+    if isinstance(name, GPUSpec):
+        return name
+    if not isinstance(name, str):
+        raise ConfigError(f"a GPU name must be a string, got {type(name).__name__} {name!r}")
+    _REGISTRY.ensure_loaded()
+    spec = _REGISTRY.lookup(name)
+    if spec is not None:
+        return spec
+    known = sorted(_REGISTRY.specs, key=str.lower)
+    close = difflib.get_close_matches(
+        _normalize(name), [_normalize(k) for k in known], n=3, cutoff=0.6
+    )
+    by_key = {_normalize(k): k for k in known}
+    hint = f" Did you mean {', '.join(by_key[c] for c in close)}?" if close else ""
+    raise UnknownGPUError(
+        f"Unknown GPU {name!r}.{hint} Known GPUs: {', '.join(known)}. {_HOW_TO_ADD}"
+    )
+
+
+def register_gpu_file(path: str | os.PathLike[str]) -> list[str]:
+    """Loads GPUs from a JSON file and returns their canonical names.
+
+    The file is either ``{"format_version": 1, "gpus": [GPU, ...]}`` or a single GPU object,
+    with the fields of blink/data/gpus.json. Every field is validated before anything is added;
+    errors are ConfigError naming the file, the GPU and the field. A GPU with the name of a
+    known one replaces it, with a warning.
+    """
+    specs = _read_gpu_file(path)
+    registry = _REGISTRY
+    with registry.lock:
+        registry.ensure_loaded()
+        registry._add_all(specs, warn=True)
+    return [spec.name for spec in specs]

@@ -1,0 +1,572 @@
+"""The dry-run trace: every ATen op and every meta storage event of a model run, seen from C++.
+
+Why the meta device and not FakeTensorMode with fake CUDA tensors (measured on torch 2.14,
+CPU-only machine): both pick SDPA's *math* decomposition, because with no GPU present
+`_fused_sdp_choice` cannot ask CUDA; FakeTensorMode also records every op twice (the fake op
+and the meta op it runs underneath, plus PythonDispatchMode frames) and costs tens of µs of
+Python per op. So Blink traces on plain meta tensors and, while tracing only, reroutes
+`aten::scaled_dot_product_attention` to the fused kernel CUDA would pick for the target GPU
+(blink.sdpa), so the trace holds `_scaled_dot_product_flash_attention` (and its backward, and
+its logsumexp allocation) exactly as a CUDA run would. The meta device's own decompositions
+(addmm -> mm, mul, add in Python refs) stay in the tree as children; the cut stage decides which
+op in a subtree is the CUDA kernel.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import _ext
+from .errors import BlinkError, DataDependentError, MissingMetaKernelError, TraceError
+
+FORMAT_VERSION = 1
+PHASES = ("forward", "backward", "optimizer")
+_PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
+
+# Argument kinds, in the order of blink::ArgKind (csrc/include/blink/trace_types.h).
+_TENSOR, _TENSOR_LIST = 1, 2
+
+_C = _ext.load()
+
+_dtype_names: dict[int, str] | None = None
+_device_names: dict[int, str] = {}
+
+
+def _dtype_table() -> dict[int, str]:
+    global _dtype_names
+    if _dtype_names is None:
+        table: dict[int, str] = {}
+        with warnings.catch_warnings():  # experimental / deprecated dtypes warn on creation
+            warnings.simplefilter("ignore")
+            _fill_dtype_table(table)
+        _dtype_names = table
+    return _dtype_names
+
+
+def _fill_dtype_table(table: dict[int, str]) -> None:
+    for name in dir(torch):
+        dt = getattr(torch, name)
+        if isinstance(dt, torch.dtype):
+            try:
+                code = _C.scalar_type_of(torch.empty(0, dtype=dt, device="meta"))
+            except (RuntimeError, TypeError):
+                continue
+            # Aliases (torch.float, torch.float32) share a code and str() gives the canonical.
+            table[code] = str(dt).removeprefix("torch.")
+
+
+def _device_name(code: int) -> str:
+    name = _device_names.get(code)
+    if name is None:
+        name = _device_names[code] = _C.device_type_name(code) if code >= 0 else "none"
+    return name
+
+
+_ITEMSIZE: dict[str, int] = {}
+
+
+def dtype_itemsize(dtype: str) -> int:
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        dt = getattr(torch, dtype, None)
+        size = _ITEMSIZE[dtype] = dt.itemsize if isinstance(dt, torch.dtype) else 0
+    return size
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """A tensor argument as the op saw it. storage > 0: allocated during the trace;
+    storage < 0: existed before it (weights, inputs); 0: no storage (e.g. symbolic)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    storage: int
+    storage_nbytes: int
+    dtype: str
+    device: str
+    requires_grad: bool
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * dtype_itemsize(self.dtype)
+
+
+Value = Any  # TensorMeta | list[TensorMeta | None] | int | float | bool | str | list | None
+
+
+@dataclass(slots=True)
+class Op:
+    """One dispatcher call. `parent` is the enclosing op's id (-1 at the top): the call tree."""
+
+    id: int
+    name: str
+    overload: str
+    parent: int
+    module: str | None
+    phase: str
+    seq_nr: int
+    thread: int
+    depth: int
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.name}.{self.overload}" if self.overload else self.name
+
+    def tensors(self, which: str = "inputs") -> list[TensorMeta]:
+        out: list[TensorMeta] = []
+        for v in getattr(self, which):
+            if isinstance(v, TensorMeta):
+                out.append(v)
+            elif isinstance(v, list):
+                out.extend(t for t in v if isinstance(t, TensorMeta))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StorageEvent:
+    """An allocation (is_free False) or free of a meta storage, in program order."""
+
+    storage: int
+    nbytes: int
+    op: int
+    is_free: bool
+    thread: int
+
+
+def _tensor(raw: list | tuple) -> TensorMeta:
+    sizes, strides, offset, storage, nbytes, dtype, device, rg = raw
+    return TensorMeta(
+        tuple(sizes), tuple(strides), offset, storage, nbytes,
+        _dtype_table().get(dtype, f"scalar_type_{dtype}"), _device_name(device), bool(rg),
+    )
+
+
+def _value(raw: list | tuple) -> Value:
+    kind, v = raw
+    if kind == _TENSOR:
+        return _tensor(v)
+    if kind == _TENSOR_LIST:
+        return [None if t is None else _tensor(t) for t in v]
+    return v
+
+
+class Trace:
+    """The record of one dry run. Ops and events are built from the raw C++ record on first use."""
+
+    def __init__(self, raw: dict[str, Any] | None = None, meta: dict[str, Any] | None = None):
+        self.meta: dict[str, Any] = dict(meta or {})
+        self._raw: dict[str, Any] = raw or {
+            "ops": [], "allocs": [], "externals": [], "names": [], "modules": [],
+        }
+        self._ops: list[Op] | None = None
+        self._allocs: list[StorageEvent] | None = None
+
+    # -- building ------------------------------------------------------------------------
+    def _set_raw(self, raw: dict[str, Any]) -> None:
+        self._raw = raw
+        self._ops = None
+        self._allocs = None
+
+    @property
+    def ops(self) -> list[Op]:
+        if self._ops is None:
+            names = self._raw["names"]
+            modules = self._raw["modules"]
+            ops: list[Op] = []
+            for r in self._raw["ops"]:
+                (oid, parent, name, overload, module, seq, phase, _scope, thread, depth,
+                 inputs, outputs) = r
+                ops.append(Op(
+                    oid, names[name], names[overload], parent,
+                    modules[module] if module >= 0 else None, PHASES[phase], seq, thread, depth,
+                    tuple(_value(a) for a in inputs), tuple(_value(a) for a in outputs),
+                ))
+            for op in ops:
+                if op.parent >= 0:
+                    ops[op.parent].children.append(op.id)
+            self._ops = ops
+        return self._ops
+
+    @property
+    def allocations(self) -> list[StorageEvent]:
+        if self._allocs is None:
+            self._allocs = [StorageEvent(s, n, o, bool(f), t)
+                            for s, n, o, f, t in self._raw["allocs"]]
+        return self._allocs
+
+    @property
+    def external_storages(self) -> dict[int, int]:
+        """Storages that existed before the trace (weights, inputs): id -> bytes."""
+        return {sid: n for sid, n in self._raw["externals"]}
+
+    @property
+    def modules(self) -> list[str]:
+        return list(self._raw["modules"])
+
+    def __len__(self) -> int:
+        return len(self._raw["ops"])
+
+    # -- queries ---------------------------------------------------------------------------
+    def roots(self) -> list[Op]:
+        return [op for op in self.ops if op.parent < 0]
+
+    def children(self, op: Op | int) -> list[Op]:
+        ops = self.ops
+        idx = op if isinstance(op, int) else op.id
+        return [ops[c] for c in ops[idx].children]
+
+    def walk(self, op: Op | int) -> Iterator[Op]:
+        """The op and all its descendants, depth first."""
+        ops = self.ops
+        stack = [op if isinstance(op, int) else op.id]
+        while stack:
+            cur = ops[stack.pop()]
+            yield cur
+            stack.extend(reversed(cur.children))
+
+    def user_ops(self) -> list[Op]:
+        """The ops user code (or an autograd node) called directly: roots, and the first aten
+        ops under the autograd engine's wrappers. What the summary table counts."""
+        ops = self.ops
+        out = []
+        for op in ops:
+            if op.name.startswith("autograd::") or not op.name.startswith(("aten::", "prims::")):
+                continue
+            p = op.parent
+            if p < 0:
+                out.append(op)
+                continue
+            parent = ops[p]
+            if parent.name.startswith("autograd::") or not parent.name.startswith(("aten::",
+                                                                                  "prims::")):
+                out.append(op)
+        return out
+
+    def op_counts(self) -> Counter[str]:
+        return Counter(op.name for op in self.ops)
+
+    def live_bytes_peak(self) -> int:
+        """Peak of the bytes held by storages the trace allocated (no caching, no rounding)."""
+        live = peak = 0
+        for ev in self.allocations:
+            live += -ev.nbytes if ev.is_free else ev.nbytes
+            peak = max(peak, live)
+        return peak
+
+    def summary(self, max_rows: int = 30) -> str:
+        user = self.user_ops()
+        per: dict[str, list[int]] = {}
+        out_bytes: Counter[str] = Counter()
+        for op in user:
+            row = per.setdefault(op.name, [0, 0, 0])
+            row[_PHASE_CODE[op.phase]] += 1
+            out_bytes[op.name] += sum(t.nbytes for t in op.tensors("outputs"))
+        rows = sorted(per.items(), key=lambda kv: (-sum(kv[1]), kv[0]))
+        head = ", ".join(f"{k}={v}" for k, v in self.meta.items() if k in _SUMMARY_META)
+        resident = sum(self.external_storages.values())
+        lines = [
+            f"blink trace{(' (' + head + ')') if head else ''}",
+            f"{len(self)} ops recorded, {len(user)} called by user code or autograd; "
+            f"{sum(1 for e in self.allocations if not e.is_free)} storages allocated; "
+            f"peak live {_fmt_bytes(self.live_bytes_peak())} + resident {_fmt_bytes(resident)}",
+            "",
+            f"{'op':<44} {'calls':>7} {'fwd':>7} {'bwd':>7} {'opt':>7} {'out bytes':>11}",
+            "-" * 87,
+        ]
+        for name, (f, b, o) in rows[:max_rows]:
+            lines.append(
+                f"{name:<44} {f + b + o:>7} {f:>7} {b:>7} {o:>7} {_fmt_bytes(out_bytes[name]):>11}"
+            )
+        if len(rows) > max_rows:
+            lines.append(f"... {len(rows) - max_rows} more op kinds")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return f"<blink.Trace {len(self)} ops, {len(self._raw['allocs'])} storage events>"
+
+    # -- serialisation ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "blink.trace",
+            "format_version": FORMAT_VERSION,
+            "meta": self.meta,
+            "dtypes": {str(k): v for k, v in _dtype_table().items()},
+            **{k: self._raw[k] for k in ("names", "modules", "ops", "allocs", "externals")},
+        }
+
+    def to_json(self, path: str | os.PathLike[str] | None = None) -> str:
+        text = json.dumps(self.to_dict(), separators=(",", ":"))
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
+    @classmethod
+    def from_json(cls, source: str | os.PathLike[str]) -> Trace:
+        """Load from a JSON string or a file path."""
+        text = str(source)
+        where = "the JSON text"
+        if not text.lstrip().startswith("{"):
+            where = text
+            try:
+                with open(text, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as exc:
+                raise BlinkError(f"cannot read trace file {where}: {exc}") from exc
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BlinkError(f"{where} is not a blink trace: invalid JSON ({exc})") from exc
+        if not isinstance(doc, dict) or doc.get("format") != "blink.trace":
+            raise BlinkError(f"{where} is not a blink trace (no \"format\": \"blink.trace\")")
+        version = doc.get("format_version")
+        if version != FORMAT_VERSION:
+            raise BlinkError(
+                f"{where} has trace format_version {version!r}; this blink reads version "
+                f"{FORMAT_VERSION}. Re-create the trace with this blink version."
+            )
+        missing = [k for k in ("names", "modules", "ops", "allocs", "externals") if k not in doc]
+        if missing:
+            raise BlinkError(f"{where} is a truncated blink trace: missing {', '.join(missing)}")
+        saved = {int(k): v for k, v in doc.get("dtypes", {}).items()}
+        if saved and saved != {k: v for k, v in _dtype_table().items() if k in saved}:
+            raise BlinkError(
+                f"{where} was written by a torch whose dtype codes differ from this one's; "
+                "re-create the trace here"
+            )
+        return cls({k: doc[k] for k in ("names", "modules", "ops", "allocs", "externals")},
+                   doc.get("meta", {}))
+
+
+_SUMMARY_META = ("model", "mode", "dtype", "batch_size", "seq_len", "gpu", "sdpa")
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+# -- the context manager ------------------------------------------------------------------------
+
+_DATA_DEPENDENT_OPS = ("aten::nonzero", "aten::_local_scalar_dense", "aten::item",
+                       "aten::masked_select", "aten::_unique2", "aten::unique_dim",
+                       "aten::unique_consecutive", "aten::nonzero_static")
+
+
+class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
+    """Record every ATen op and meta storage event of the code inside the block.
+
+    ``with blink.trace(model, gpu="H200") as t:`` — run the model on meta tensors inside; on
+    exit ``t`` holds the ops (with call tree, module paths and phases) and storage events.
+    ``model`` is only used to name module paths; it is not modified. ``nonzero="assume_all"``
+    lets data-dependent ops (nonzero, boolean masks) run by assuming every element is non-zero
+    (an upper bound on size and memory); the default raises a DataDependentError.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, *, gpu: str = "H200",
+                 sdpa: str = "auto", nonzero: str = "error",
+                 meta: dict[str, Any] | None = None) -> None:
+        from . import sdpa as _sdpa
+        from .hardware import get_gpu
+
+        if nonzero not in ("error", "assume_all"):
+            raise BlinkError(f"nonzero must be 'error' or 'assume_all', not {nonzero!r}")
+        if sdpa != "auto" and sdpa not in _sdpa.SDPA_BACKENDS:
+            raise BlinkError(
+                f"unknown sdpa backend {sdpa!r}; choose 'auto' or one of {_sdpa.SDPA_BACKENDS}"
+            )
+        self._gpu = get_gpu(gpu)
+        self._model = model
+        self._sdpa = sdpa
+        self._nonzero = nonzero
+        self.result = Trace(meta={"gpu": self._gpu.name, "sdpa": sdpa, **(meta or {})})
+        self._undo: list[Any] = []
+        self._stack: list[str] = []
+
+    def __enter__(self) -> Trace:
+        if _C.tracer_active():
+            raise BlinkError("a blink trace is already running; traces cannot be nested")
+        try:
+            self._install()
+            _C.tracer_start()
+        except BaseException:
+            self._uninstall()
+            raise
+        return self.result
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: object) -> bool:
+        failure = _C.tracer_last_failure()
+        try:
+            raw = _C.tracer_stop()
+        finally:
+            self._uninstall()
+        self.result._set_raw(raw)
+        if ev is not None and isinstance(ev, Exception) and not isinstance(ev, BlinkError):
+            raise _translate(ev, failure, self._stack) from ev
+        return False
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _install(self) -> None:
+        from torch.nn.modules import module as nn_module
+
+        names: dict[int, str] = {}
+        if self._model is not None:
+            names = {id(m): n for n, m in self._model.named_modules()}
+        stack = self._stack
+
+        def pre(mod: torch.nn.Module, args: object) -> None:
+            path = names.get(id(mod))
+            if path is None:
+                cls = type(mod).__name__
+                path = f"{stack[-1]}.{cls}" if stack and stack[-1] else cls
+            stack.append(path)
+            _C.tracer_push_module(path)
+
+        def post(mod: torch.nn.Module, args: object, out: object) -> None:
+            if stack:
+                stack.pop()
+            _C.tracer_pop_module()
+
+        h1 = nn_module.register_module_forward_pre_hook(pre)
+        self._undo.append(h1.remove)
+        h2 = nn_module.register_module_forward_hook(post, always_call=True)
+        self._undo.append(h2.remove)
+
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        h3 = register_optimizer_step_pre_hook(lambda *a, **k: _C.tracer_set_phase(2))
+        self._undo.append(h3.remove)
+        h4 = register_optimizer_step_post_hook(lambda *a, **k: _C.tracer_set_phase(0))
+        self._undo.append(h4.remove)
+
+        self._install_sdpa()
+
+        if self._nonzero == "assume_all":
+            import torch.fx.experimental._config as fx_config
+
+            old = fx_config.meta_nonzero_assume_all_nonzero
+            fx_config.meta_nonzero_assume_all_nonzero = True
+            self._undo.append(lambda: setattr(fx_config, "meta_nonzero_assume_all_nonzero", old))
+
+    def _install_sdpa(self) -> None:
+        lib = _sdpa_library(tuple(self._gpu.compute_capability), self._sdpa)
+        self._undo.append(lib._destroy)
+
+    def _uninstall(self) -> None:
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception:  # noqa: BLE001 - restoring the rest matters more
+                pass
+
+
+def _sdpa_library(cc: tuple[int, ...], forced: str) -> torch.library.Library:
+    """Reroute aten::scaled_dot_product_attention on meta tensors to the fused kernel CUDA
+    would pick on a GPU of compute capability `cc` (or to `forced`)."""
+    from . import sdpa as _sdpa
+
+    def fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+              is_causal: bool = False, scale: float | None = None,
+              enable_gqa: bool = False) -> torch.Tensor:
+        if query.device.type != "meta":
+            return torch.ops.aten._scaled_dot_product_attention_math(
+                query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
+                enable_gqa=enable_gqa)[0]
+        if forced == "auto":
+            backend = _sdpa.choose_sdpa_backend(
+                compute_capability=(cc[0], cc[1]), dtype=query.dtype,
+                q_shape=tuple(query.shape), k_shape=tuple(key.shape),
+                v_shape=tuple(value.shape), has_attn_mask=attn_mask is not None,
+                attn_mask_dtype=None if attn_mask is None else attn_mask.dtype,
+                dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa,
+                requires_grad=torch.is_grad_enabled() and (
+                    query.requires_grad or key.requires_grad or value.requires_grad),
+                q_stride=tuple(query.stride()), k_stride=tuple(key.stride()),
+                v_stride=tuple(value.stride()))
+        else:
+            backend = forced
+        return _sdpa.call_fused_sdpa(backend, query, key, value, attn_mask, dropout_p,
+                                     is_causal, scale, enable_gqa)
+
+    lib = torch.library.Library("aten", "IMPL")
+    # CompositeImplicitAutograd so it also applies under inference_mode (no autograd key).
+    lib.impl("scaled_dot_product_attention", fused, "CompositeImplicitAutograd")
+    return lib
+
+
+class cuda_sdpa:  # noqa: N801 - a context manager, like torch.no_grad
+    """Outside a trace: make meta-tensor SDPA run the kernel CUDA would pick on `gpu`."""
+
+    def __init__(self, gpu: str = "H200", backend: str = "auto") -> None:
+        from .hardware import get_gpu
+
+        self._cc = tuple(get_gpu(gpu).compute_capability)
+        self._backend = backend
+        self._lib: torch.library.Library | None = None
+
+    def __enter__(self) -> cuda_sdpa:
+        self._lib = _sdpa_library(self._cc, self._backend)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None
+
+
+def _translate(exc: Exception, failure: tuple[str, str] | None,
+               stack: list[str]) -> TraceError:
+    """Turn a dry-run failure into an error that names the op and the module path."""
+    op = failure[0] if failure else None
+    module = (failure[1] if failure and failure[1] else None) or (stack[-1] if stack else None)
+    text = str(exc).split("\n")[0]
+    where = f" in module '{module}'" if module else ""
+    if module == "":
+        where = " in the model's own forward"
+    if op in _DATA_DEPENDENT_OPS or "cannot be called on meta tensors" in text \
+            or "nonzero" in text or "Cannot copy out of meta tensor" in text:
+        op = op or "aten::_local_scalar_dense"
+        return DataDependentError(
+            f"{op}{where} needs tensor values, which a dry run on the meta device does not have "
+            f"({text[:200]}). Data-dependent shapes (nonzero, boolean-mask indexing) can be "
+            "traced with nonzero='assume_all' (every element counted as non-zero: an upper "
+            "bound); .item()/.tolist()/if-on-a-tensor must be removed from the traced code or "
+            "replaced by a value known ahead (e.g. a Python int).",
+            op=op, module=module)
+    if "no fake impl or Meta kernel" in text or "Meta' backend" in text:
+        return MissingMetaKernelError(
+            f"{op or 'an op'}{where} has no meta kernel, so it cannot run in a dry run. Register "
+            "one with torch.library.register_fake (it only computes output shapes) and trace "
+            f"again. ({text[:200]})", op=op, module=module)
+    return TraceError(f"the dry run failed at {op or 'an op'}{where}: "
+                      f"{type(exc).__name__}: {text[:300]}", op=op, module=module)

@@ -1,0 +1,167 @@
+"""Named real models, built at random init directly on the meta device, with no download.
+
+Names: ``torchvision:resnet50``, ``timm:convnext_tiny``, ``hf:llama-7b``. transformers models
+come from the small config files in ``blink/zoo_configs/`` (nothing is fetched from a hub).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import torch
+
+from .errors import ConfigError, UnknownModelError
+
+VISION, TEXT, SEQ2SEQ = "vision", "text", "seq2seq"
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    family: str  # architecture family, for held-out-family evaluation
+    kind: str  # VISION | TEXT | SEQ2SEQ
+    builder: Callable[[], torch.nn.Module]
+    image_size: int = 224
+    vocab_size: int = 0
+    default_seq_len: int = 128
+    max_seq_len: int = 0  # 0: no limit from position embeddings
+    num_classes: int = 1000
+
+
+def _tv(fn_name: str) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        import torchvision
+
+        return getattr(torchvision.models, fn_name)(weights=None)
+
+    return build
+
+
+def _timm(model_name: str) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        import timm
+
+        return timm.create_model(model_name, pretrained=False)
+
+    return build
+
+
+def hf_config(config_name: str) -> dict[str, Any]:
+    text = resources.files("blink").joinpath("zoo_configs", f"{config_name}.json").read_text()
+    return json.loads(text)
+
+
+def _hf(config_name: str) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        import transformers
+
+        raw = hf_config(config_name)
+        task = raw["_task"]
+        fields = {k: v for k, v in raw.items() if not k.startswith("_") and k != "model_type"}
+        cfg = transformers.AutoConfig.for_model(raw["model_type"], **fields)
+        auto = {
+            "causal-lm": transformers.AutoModelForCausalLM,
+            "masked-lm": transformers.AutoModelForMaskedLM,
+            "seq2seq": transformers.AutoModelForSeq2SeqLM,
+            "image-classification": transformers.AutoModelForImageClassification,
+        }[task]
+        # sdpa: the attention PyTorch users run on GPUs, and what blink.sdpa reroutes.
+        return auto.from_config(cfg, attn_implementation="sdpa")
+
+    return build
+
+
+def _entries() -> dict[str, ZooEntry]:
+    e: list[ZooEntry] = []
+    for fn, fam in [
+        ("resnet18", "resnet"), ("resnet50", "resnet"), ("resnet101", "resnet"),
+        ("vgg16", "vgg"), ("mobilenet_v2", "mobilenet"), ("mobilenet_v3_large", "mobilenet"),
+        ("efficientnet_b0", "efficientnet"), ("regnet_y_400mf", "regnet"),
+        ("densenet121", "densenet"), ("vit_b_16", "vit"), ("swin_t", "swin"),
+        ("convnext_tiny", "convnext"),
+    ]:
+        e.append(ZooEntry(f"torchvision:{fn}", fam, VISION, _tv(fn)))
+    for name, fam in [
+        ("convnext_tiny", "convnext"), ("vit_base_patch16_224", "vit"),
+        ("efficientnet_b0", "efficientnet"), ("resnet50d", "resnet"),
+    ]:
+        e.append(ZooEntry(f"timm:{name}", fam, VISION, _timm(name)))
+    e += [
+        ZooEntry("hf:bert-base", "bert", TEXT, _hf("bert-base"), vocab_size=30522,
+                 max_seq_len=512),
+        ZooEntry("hf:gpt2", "gpt2", TEXT, _hf("gpt2"), vocab_size=50257, max_seq_len=1024),
+        ZooEntry("hf:llama-1b", "llama", TEXT, _hf("llama-1b"), vocab_size=128256),
+        ZooEntry("hf:llama-7b", "llama", TEXT, _hf("llama-7b"), vocab_size=32000,
+                 max_seq_len=4096),
+        ZooEntry("hf:t5-small", "t5", SEQ2SEQ, _hf("t5-small"), vocab_size=32128),
+        ZooEntry("hf:vit-base", "vit", VISION, _hf("vit-base")),
+    ]
+    return {x.name: x for x in e}
+
+
+ZOO: dict[str, ZooEntry] = _entries()
+
+
+def list_models() -> list[str]:
+    return sorted(ZOO)
+
+
+def is_zoo_name(name: object) -> bool:
+    return isinstance(name, str) and name in ZOO
+
+
+def get_entry(name: str) -> ZooEntry:
+    entry = ZOO.get(name)
+    if entry is None:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(ZOO), n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UnknownModelError(
+            f"unknown model {name!r}.{hint} Known models: {', '.join(list_models())}. "
+            "Or pass your own torch.nn.Module."
+        )
+    return entry
+
+
+def build(name: str) -> torch.nn.Module:
+    """Build a zoo model on the meta device (random init, no weights, no download)."""
+    entry = get_entry(name)
+    with torch.device("meta"):
+        model = entry.builder()
+    return model
+
+
+def make_inputs(name: str, batch_size: int, seq_len: int | None, float_dtype: torch.dtype,
+                *, with_labels: bool) -> dict[str, torch.Tensor]:
+    """Meta-device keyword inputs for a zoo model (labels too when a loss is wanted)."""
+    entry = get_entry(name)
+    dev = "meta"
+    if entry.kind == VISION:
+        if seq_len is not None:
+            raise ConfigError(f"{name} is a vision model; --seq-len does not apply to it")
+        x = torch.empty(batch_size, 3, entry.image_size, entry.image_size, dtype=float_dtype,
+                        device=dev)
+        key = "pixel_values" if name.startswith("hf:") else "x"
+        out = {key: x}
+        if with_labels:
+            out["labels"] = torch.empty(batch_size, dtype=torch.long, device=dev)
+        return out
+    length = entry.default_seq_len if seq_len is None else seq_len
+    if entry.max_seq_len and length > entry.max_seq_len:
+        raise ConfigError(
+            f"seq_len {length} is longer than {name}'s {entry.max_seq_len} position embeddings; "
+            f"use seq_len <= {entry.max_seq_len}"
+        )
+    ids = torch.empty(batch_size, length, dtype=torch.long, device=dev)
+    out = {"input_ids": ids}
+    if entry.kind == SEQ2SEQ:
+        out["decoder_input_ids"] = torch.empty(batch_size, length, dtype=torch.long, device=dev)
+    if with_labels:
+        out["labels"] = torch.empty(batch_size, length, dtype=torch.long, device=dev)
+        if entry.kind == SEQ2SEQ:
+            del out["decoder_input_ids"]  # T5 derives them from the labels
+    return out

@@ -1,0 +1,191 @@
+// The one binding file: exposes the tracer and the torch-free core to Python as blink._C.
+#include <torch/extension.h>
+#include <torch/version.h>
+
+#include <string>
+
+#include "../torch/tracer.h"
+#include "blink/alloc_sim.h"
+#include "blink/error.h"
+#include "blink/trace_types.h"
+
+namespace py = pybind11;
+
+namespace blink {
+namespace {
+
+py::tuple tensor_tuple(const TensorInfo& t) {
+  py::tuple sizes(t.sizes.size());
+  for (size_t i = 0; i < t.sizes.size(); ++i) sizes[i] = py::int_(t.sizes[i]);
+  py::tuple strides(t.strides.size());
+  for (size_t i = 0; i < t.strides.size(); ++i) strides[i] = py::int_(t.strides[i]);
+  return py::make_tuple(sizes, strides, t.storage_offset, t.storage, t.storage_nbytes, t.dtype,
+                        t.device_type, t.requires_grad);
+}
+
+// (kind, value): value is a tensor tuple, a list of them, a number, a string or a list.
+py::tuple arg_tuple(const Arg& a) {
+  const int kind = static_cast<int>(a.kind);
+  switch (a.kind) {
+    case ArgKind::kTensor:
+      return py::make_tuple(kind, tensor_tuple(a.tensors.at(0)));
+    case ArgKind::kTensorList: {
+      py::list items;
+      for (const TensorInfo& t : a.tensors) {
+        if (t.dtype < 0) {
+          items.append(py::none());
+        } else {
+          items.append(tensor_tuple(t));
+        }
+      }
+      return py::make_tuple(kind, items);
+    }
+    case ArgKind::kInt:
+      return py::make_tuple(kind, a.i);
+    case ArgKind::kBool:
+      return py::make_tuple(kind, a.i != 0);
+    case ArgKind::kDouble:
+      return py::make_tuple(kind, a.d);
+    case ArgKind::kString:
+    case ArgKind::kOther:
+      return py::make_tuple(kind, a.s);
+    case ArgKind::kIntList:
+      return py::make_tuple(kind, py::cast(a.ints));
+    case ArgKind::kDoubleList:
+      return py::make_tuple(kind, py::cast(a.doubles));
+    case ArgKind::kNone:
+    default:
+      return py::make_tuple(kind, py::none());
+  }
+}
+
+py::list args_list(const std::vector<Arg>& args) {
+  py::list out;
+  for (const Arg& a : args) out.append(arg_tuple(a));
+  return out;
+}
+
+py::dict trace_to_python(const TraceData& d) {
+  py::list ops;
+  for (const OpRecord& r : d.ops) {
+    ops.append(py::make_tuple(r.id, r.parent, r.name, r.overload, r.module, r.seq_nr,
+                              static_cast<int>(r.phase), static_cast<int>(r.scope), r.thread,
+                              r.depth, args_list(r.inputs), args_list(r.outputs)));
+  }
+  py::list allocs;
+  for (const AllocRecord& a : d.allocs) {
+    allocs.append(py::make_tuple(a.storage, a.nbytes, a.op, a.is_free, a.thread));
+  }
+  py::list externals;
+  for (const ExternalStorage& e : d.externals) externals.append(py::make_tuple(e.storage, e.nbytes));
+  py::dict out;
+  out["ops"] = ops;
+  out["allocs"] = allocs;
+  out["externals"] = externals;
+  out["names"] = py::cast(d.names);
+  out["modules"] = py::cast(d.modules);
+  return out;
+}
+
+py::dict stats_dict(const AllocSimStats& s) {
+  py::dict d;
+  d["allocated_bytes"] = s.allocated_bytes;
+  d["reserved_bytes"] = s.reserved_bytes;
+  d["peak_allocated_bytes"] = s.peak_allocated_bytes;
+  d["peak_reserved_bytes"] = s.peak_reserved_bytes;
+  d["num_segments"] = s.num_segments;
+  d["num_device_mallocs"] = s.num_device_mallocs;
+  d["num_ooms"] = s.num_ooms;
+  d["num_alloc_retries"] = s.num_alloc_retries;
+  return d;
+}
+
+AllocSimOptions sim_options(bool expandable_segments, int64_t capacity_bytes) {
+  AllocSimOptions o;
+  o.expandable_segments = expandable_segments;
+  o.capacity_bytes = capacity_bytes;
+  return o;
+}
+
+}  // namespace
+}  // namespace blink
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace blink;
+  m.doc() = "Blink's compiled core: the dispatch tracer and the torch-free cost engine.";
+  // blink::Error arrives in Python as blink._C.Error, a subclass of blink.errors.BlinkError.
+  py::object base = py::module_::import("blink.errors").attr("BlinkError");
+  py::register_exception<Error>(m, "Error", base);
+
+  m.def("build_info", []() {
+    py::dict d;
+    d["torch_version"] = std::string(TORCH_VERSION);
+    d["python_version"] = std::to_string(PY_MAJOR_VERSION) + "." + std::to_string(PY_MINOR_VERSION);
+    d["cplusplus"] = static_cast<long>(__cplusplus);
+#if defined(__clang__)
+    d["compiler"] = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+    d["compiler"] = std::string("gcc ") + __VERSION__;
+#else
+    d["compiler"] = std::string("unknown");
+#endif
+    d["glibcxx_use_cxx11_abi"] = static_cast<bool>(_GLIBCXX_USE_CXX11_ABI);
+    return d;
+  });
+
+  m.def("tracer_start", &tracer::start, "Start recording ops and meta storages on this thread.");
+  m.def("tracer_stop", []() { return trace_to_python(tracer::stop()); },
+        "Stop recording and return the raw trace.");
+  m.def("tracer_active", &tracer::active);
+  m.def("tracer_push_module", &tracer::push_module);
+  m.def("tracer_pop_module", &tracer::pop_module);
+  m.def("tracer_set_phase", [](int phase) {
+    BLINK_CHECK(phase >= 0 && phase <= 2, "phase must be 0 (forward), 1 (backward) or 2 (optimizer)");
+    tracer::set_phase(static_cast<Phase>(phase));
+  });
+  m.def("tracer_last_failure", []() -> py::object {
+    tracer::Failure f = tracer::last_failure();
+    if (!f.present) return py::none();
+    return py::make_tuple(f.op, f.module_path);
+  });
+  m.def("device_type_name", [](int t) {
+    return c10::DeviceTypeName(static_cast<c10::DeviceType>(t), /*lower_case=*/true);
+  });
+  m.def("scalar_type_of", [](const at::Tensor& t) { return static_cast<int>(t.scalar_type()); });
+
+  py::class_<CachingAllocatorSim>(m, "CachingAllocatorSim")
+      .def(py::init([](bool expandable_segments, int64_t capacity_bytes) {
+             return CachingAllocatorSim(sim_options(expandable_segments, capacity_bytes));
+           }),
+           py::arg("expandable_segments") = false, py::arg("capacity_bytes") = 0)
+      .def("malloc", &CachingAllocatorSim::malloc, py::arg("id"), py::arg("size"),
+           py::arg("stream") = 0)
+      .def("free", &CachingAllocatorSim::free, py::arg("id"))
+      .def("empty_cache", &CachingAllocatorSim::empty_cache)
+      .def("reset_peak_stats", &CachingAllocatorSim::reset_peak_stats)
+      .def("block_size", &CachingAllocatorSim::block_size, py::arg("id"))
+      .def("stats", [](const CachingAllocatorSim& s) { return stats_dict(s.stats()); });
+
+  m.def(
+      "simulate_allocations",
+      [](const std::vector<std::tuple<int64_t, int64_t, bool, int>>& events,
+         bool expandable_segments, int64_t capacity_bytes) {
+        std::vector<AllocEvent> ev;
+        ev.reserve(events.size());
+        for (const auto& e : events) {
+          AllocEvent a;
+          a.id = std::get<0>(e);
+          a.size = std::get<1>(e);
+          a.is_free = std::get<2>(e);
+          a.stream = std::get<3>(e);
+          ev.push_back(a);
+        }
+        AllocSimStats stats;
+        {
+          py::gil_scoped_release release;
+          stats = simulate_allocations(ev, sim_options(expandable_segments, capacity_bytes));
+        }
+        return stats_dict(stats);
+      },
+      py::arg("events"), py::arg("expandable_segments") = false, py::arg("capacity_bytes") = 0);
+}

@@ -1,0 +1,398 @@
+#include "tracer.h"
+
+#include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/StorageImpl.h>
+
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "blink/error.h"
+
+namespace blink {
+namespace tracer {
+namespace {
+
+constexpr uint64_t kCtxMagic = 0x626c696e6b616c63ULL;  // "blinkalc"
+// SetAllocator keeps the highest priority; ours must beat the static meta registration (0)
+// and still be restorable, so install and restore at the maximum.
+constexpr uint8_t kAllocatorPriority = 255;
+constexpr char kEngineRoot[] = "autograd::engine::evaluate_function";
+
+struct AllocCtx {
+  uint64_t magic;
+  uint64_t generation;
+  int64_t id;
+  int64_t nbytes;
+};
+
+struct Frame {
+  int64_t op;
+  int32_t module;
+  bool backward;
+};
+
+struct ThreadState {
+  uint64_t generation = 0;
+  int32_t thread = -1;
+  std::vector<Frame> stack;
+  std::vector<int32_t> modules;
+  int backward_depth = 0;
+};
+
+struct Session {
+  std::mutex mu;
+  TraceData data;
+  std::unordered_map<std::string, int32_t> name_index;
+  std::unordered_map<std::string, int32_t> module_index;
+  std::unordered_map<const void*, int64_t> externals;  // StorageImpl* -> id (< 0)
+  std::unordered_map<int64_t, int32_t> seq_module;     // autograd seq nr -> module
+  int64_t next_storage = 1;
+  int32_t next_thread = 0;
+  at::CallbackHandle handle = 0;
+  c10::Allocator* previous_allocator = nullptr;
+  Failure failure;
+};
+
+std::atomic<bool> g_active{false};
+std::atomic<uint64_t> g_generation{0};
+std::atomic<uint8_t> g_phase{0};
+std::mutex g_session_mu;  // guards g_session's lifetime (start/stop)
+Session* g_session = nullptr;
+thread_local ThreadState t_state;
+
+ThreadState& thread_state(Session& s) {
+  uint64_t gen = g_generation.load();
+  if (t_state.generation != gen) {
+    t_state = ThreadState();
+    t_state.generation = gen;
+    std::lock_guard<std::mutex> lock(s.mu);
+    t_state.thread = s.next_thread++;
+  }
+  return t_state;
+}
+
+int32_t intern(std::unordered_map<std::string, int32_t>& index, std::vector<std::string>& table,
+               const char* text) {
+  std::string key(text ? text : "");
+  auto it = index.find(key);
+  if (it != index.end()) return it->second;
+  int32_t id = static_cast<int32_t>(table.size());
+  table.push_back(key);
+  index.emplace(std::move(key), id);
+  return id;
+}
+
+void delete_ctx(void* raw);
+
+// Storage id of a tensor: ours if the recording allocator made it, else a stable negative id.
+// Caller holds s.mu.
+void storage_of(Session& s, const at::Tensor& t, TensorInfo& info) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (!impl->has_storage()) return;
+  const c10::Storage& storage = impl->storage();
+  const c10::DataPtr& ptr = storage.data_ptr();
+  info.storage_nbytes = static_cast<int64_t>(storage.nbytes());
+  if (ptr.get_deleter() == &delete_ctx) {
+    auto* ctx = static_cast<AllocCtx*>(ptr.get_context());
+    if (ctx->generation == g_generation.load()) {
+      info.storage = ctx->id;
+      return;
+    }
+  }
+  const void* key = storage.unsafeGetStorageImpl();
+  auto it = s.externals.find(key);
+  if (it != s.externals.end()) {
+    info.storage = it->second;
+    return;
+  }
+  int64_t id = -static_cast<int64_t>(s.externals.size()) - 1;
+  s.externals.emplace(key, id);
+  s.data.externals.push_back(ExternalStorage{id, info.storage_nbytes});
+  info.storage = id;
+}
+
+void tensor_info(Session& s, const at::Tensor& t, TensorInfo& info) {
+  info.dtype = static_cast<int16_t>(t.scalar_type());
+  info.device_type = static_cast<int8_t>(t.device().type());
+  info.requires_grad = t.requires_grad();
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  // Symbolic, sparse or nested tensors have no plain sizes/strides; record dtype only.
+  if (impl->has_symbolic_sizes_strides() || t.is_nested() || t.layout() != c10::kStrided) return;
+  auto sizes = t.sizes();
+  auto strides = t.strides();
+  info.sizes.assign(sizes.begin(), sizes.end());
+  info.strides.assign(strides.begin(), strides.end());
+  info.storage_offset = t.storage_offset();
+  storage_of(s, t, info);
+}
+
+void record_value(Session& s, const c10::IValue& v, Arg& arg) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return;  // kNone
+    arg.kind = ArgKind::kTensor;
+    arg.tensors.emplace_back();
+    tensor_info(s, t, arg.tensors.back());
+  } else if (v.isTensorList()) {
+    arg.kind = ArgKind::kTensorList;
+    for (const at::Tensor& t : v.toTensorVector()) {
+      arg.tensors.emplace_back();
+      if (t.defined()) tensor_info(s, t, arg.tensors.back());
+    }
+  } else if (v.isInt()) {
+    arg.kind = ArgKind::kInt;
+    arg.i = v.toInt();
+  } else if (v.isDouble()) {
+    arg.kind = ArgKind::kDouble;
+    arg.d = v.toDouble();
+  } else if (v.isBool()) {
+    arg.kind = ArgKind::kBool;
+    arg.i = v.toBool() ? 1 : 0;
+  } else if (v.isString()) {
+    arg.kind = ArgKind::kString;
+    arg.s = v.toStringRef();
+  } else if (v.isIntList()) {
+    arg.kind = ArgKind::kIntList;
+    auto list = v.toIntList();
+    arg.ints.assign(list.begin(), list.end());
+  } else if (v.isDoubleList()) {
+    arg.kind = ArgKind::kDoubleList;
+    auto list = v.toDoubleList();
+    arg.doubles.assign(list.begin(), list.end());
+  } else if (v.isNone()) {
+    arg.kind = ArgKind::kNone;
+  } else if (v.isList()) {
+    // Optional-tensor lists (index) and the like: keep the tensors they hold.
+    arg.kind = ArgKind::kTensorList;
+    for (const c10::IValue& e : v.toListRef()) {
+      arg.tensors.emplace_back();
+      if (e.isTensor() && e.toTensor().defined()) tensor_info(s, e.toTensor(), arg.tensors.back());
+    }
+  } else if (v.isScalar()) {
+    arg.kind = ArgKind::kDouble;
+    arg.d = v.toScalar().toDouble();
+  } else {
+    arg.kind = ArgKind::kOther;
+    arg.s = v.tagKind();
+  }
+}
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  Session* sp = g_session;
+  if (sp == nullptr || !g_active.load(std::memory_order_relaxed)) return nullptr;
+  Session& s = *sp;
+  ThreadState& ts = thread_state(s);
+  int64_t parent = ts.stack.empty() ? -1 : ts.stack.back().op;
+  const bool is_node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
+  // The engine wraps each node in "autograd::engine::evaluate_function: X" (FUNCTION scope);
+  // the gradient reductions it runs after the node belong to the backward pass too.
+  const bool is_backward_fn =
+      is_node || (parent == -1 && std::strncmp(fn.name(), kEngineRoot, sizeof(kEngineRoot) - 1) == 0);
+  int32_t module;
+  if (!ts.stack.empty()) {
+    module = ts.stack.back().module;
+  } else if (!ts.modules.empty()) {
+    module = ts.modules.back();
+  } else {
+    module = -1;
+  }
+  Phase phase = static_cast<Phase>(g_phase.load(std::memory_order_relaxed));
+  if (is_backward_fn || ts.backward_depth > 0) phase = Phase::kBackward;
+
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (is_node && fn.seqNr() >= 0) {
+    // A backward node carries its forward op's sequence number: it belongs to that op's module.
+    auto it = s.seq_module.find(fn.seqNr());
+    if (it != s.seq_module.end()) {
+      module = it->second;
+      if (!ts.stack.empty() && ts.stack.back().backward && ts.stack.back().module == -1) {
+        ts.stack.back().module = module;
+        s.data.ops[static_cast<size_t>(parent)].module = module;
+      }
+    }
+  }
+  OpRecord rec;
+  rec.id = static_cast<int64_t>(s.data.ops.size());
+  rec.parent = parent;
+  rec.name = intern(s.name_index, s.data.names, fn.name());
+  rec.overload = intern(s.name_index, s.data.names, fn.overload_name());
+  rec.module = module;
+  rec.seq_nr = fn.seqNr();
+  rec.phase = phase;
+  rec.scope = static_cast<uint8_t>(fn.scope());
+  rec.thread = ts.thread;
+  rec.depth = static_cast<int32_t>(ts.stack.size());
+  auto inputs = fn.inputs();
+  rec.inputs.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) record_value(s, inputs[i], rec.inputs[i]);
+  if (!is_backward_fn && phase != Phase::kBackward && rec.seq_nr >= 0 && module >= 0) s.seq_module.emplace(rec.seq_nr, module);
+  ts.stack.push_back(Frame{rec.id, module, is_backward_fn});
+  if (is_backward_fn) ++ts.backward_depth;
+  s.data.ops.push_back(std::move(rec));
+  return nullptr;
+}
+
+void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
+  Session* sp = g_session;
+  if (sp == nullptr) return;
+  Session& s = *sp;
+  ThreadState& ts = thread_state(s);
+  if (ts.stack.empty()) return;  // entered before this trace started
+  Frame frame = ts.stack.back();
+  ts.stack.pop_back();
+  if (frame.backward) --ts.backward_depth;
+  std::lock_guard<std::mutex> lock(s.mu);
+  OpRecord& rec = s.data.ops[static_cast<size_t>(frame.op)];
+  if (std::uncaught_exceptions() > 0) {
+    // The innermost op that was unwinding is the one that failed.
+    if (!s.failure.present) {
+      s.failure.present = true;
+      s.failure.op = s.data.names[static_cast<size_t>(rec.name)];
+      s.failure.module = rec.module;
+    }
+    return;
+  }
+  const auto& outputs = fn.outputs();
+  rec.outputs.resize(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) record_value(s, outputs[i], rec.outputs[i]);
+}
+
+void record_storage_event(AllocCtx* ctx, bool is_free) {
+  if (!g_active.load()) return;
+  std::lock_guard<std::mutex> guard(g_session_mu);
+  Session* sp = g_session;
+  if (sp == nullptr || ctx->generation != g_generation.load()) return;
+  Session& s = *sp;
+  ThreadState& ts = thread_state(s);
+  std::lock_guard<std::mutex> lock(s.mu);
+  AllocRecord rec;
+  rec.storage = ctx->id;
+  rec.nbytes = ctx->nbytes;
+  rec.op = ts.stack.empty() ? -1 : ts.stack.back().op;
+  rec.is_free = is_free;
+  rec.thread = ts.thread;
+  s.data.allocs.push_back(rec);
+}
+
+void delete_ctx(void* raw) {
+  auto* ctx = static_cast<AllocCtx*>(raw);
+  if (ctx == nullptr || ctx->magic != kCtxMagic) return;
+  record_storage_event(ctx, /*is_free=*/true);
+  delete ctx;
+}
+
+// Meta storages hold no data; this allocator hands out a null data pointer like the stock meta
+// allocator, with a context that identifies the storage so its free can be recorded.
+class RecordingMetaAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::Device device(c10::DeviceType::Meta);
+    // The CUDA caching allocator hands out nothing for zero bytes; neither do we.
+    if (nbytes == 0 || !g_active.load()) return c10::DataPtr(nullptr, device);
+    auto* ctx = new AllocCtx{kCtxMagic, g_generation.load(), 0, static_cast<int64_t>(nbytes)};
+    {
+      std::lock_guard<std::mutex> guard(g_session_mu);
+      Session* sp = g_session;
+      if (sp == nullptr) {
+        delete ctx;
+        return c10::DataPtr(nullptr, device);
+      }
+      std::lock_guard<std::mutex> lock(sp->mu);
+      ctx->id = sp->next_storage++;
+    }
+    record_storage_event(ctx, /*is_free=*/false);
+    return c10::DataPtr(nullptr, ctx, &delete_ctx, device);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, std::size_t) const override {}
+};
+
+RecordingMetaAllocator g_allocator;
+
+}  // namespace
+
+void start() {
+  std::lock_guard<std::mutex> guard(g_session_mu);
+  BLINK_CHECK(g_session == nullptr,
+              "a blink trace is already running in this process; finish it before starting another");
+  auto* s = new Session();
+  s->previous_allocator = c10::GetAllocator(c10::DeviceType::Meta);
+  g_generation.fetch_add(1);
+  g_phase.store(static_cast<uint8_t>(Phase::kForward));
+  g_session = s;
+  t_state = ThreadState();
+  t_state.generation = g_generation.load();
+  t_state.thread = s->next_thread++;
+  // FUNCTION covers every dispatcher op; BACKWARD_FUNCTION the autograd nodes, which carry the
+  // forward op's sequence number. Thread-local callbacks travel with at::ThreadLocalState into
+  // the autograd engine's worker threads, so backward work on other threads is seen too.
+  s->handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(&on_enter, &on_exit)
+          .needsInputs(true)
+          .needsOutputs(true)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  c10::SetAllocator(c10::DeviceType::Meta, &g_allocator, kAllocatorPriority);
+  g_active.store(true);
+}
+
+TraceData stop() {
+  Session* s;
+  {
+    std::lock_guard<std::mutex> guard(g_session_mu);
+    BLINK_CHECK(g_session != nullptr, "no blink trace is running");
+    s = g_session;
+    g_active.store(false);
+    at::removeCallback(s->handle);
+    c10::SetAllocator(c10::DeviceType::Meta, s->previous_allocator, kAllocatorPriority);
+    g_session = nullptr;
+  }
+  TraceData out;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    out = std::move(s->data);
+  }
+  delete s;
+  t_state = ThreadState();
+  return out;
+}
+
+bool active() { return g_active.load(); }
+
+void push_module(const std::string& path) {
+  std::lock_guard<std::mutex> guard(g_session_mu);
+  Session* s = g_session;
+  if (s == nullptr) return;
+  ThreadState& ts = thread_state(*s);
+  std::lock_guard<std::mutex> lock(s->mu);
+  ts.modules.push_back(intern(s->module_index, s->data.modules, path.c_str()));
+}
+
+void pop_module() {
+  std::lock_guard<std::mutex> guard(g_session_mu);
+  Session* s = g_session;
+  if (s == nullptr) return;
+  ThreadState& ts = thread_state(*s);
+  if (!ts.modules.empty()) ts.modules.pop_back();
+}
+
+void set_phase(Phase phase) { g_phase.store(static_cast<uint8_t>(phase)); }
+
+Failure last_failure() {
+  std::lock_guard<std::mutex> guard(g_session_mu);
+  Session* s = g_session;
+  if (s == nullptr) return Failure();
+  std::lock_guard<std::mutex> lock(s->mu);
+  Failure f = s->failure;
+  if (f.present && f.module >= 0) f.module_path = s->data.modules[static_cast<size_t>(f.module)];
+  return f;
+}
+
+}  // namespace tracer
+}  // namespace blink

@@ -1,0 +1,35 @@
+#pragma once
+// The dispatch tracer: a thread-local RecordFunction observer plus a recording allocator for
+// the meta device. One trace at a time per process.
+#include <cstdint>
+#include <string>
+
+#include "blink/trace_types.h"
+
+namespace blink {
+namespace tracer {
+
+struct Failure {
+  bool present = false;
+  std::string op;
+  int32_t module = -1;
+  std::string module_path;
+};
+
+// Starts observing this thread (and the autograd threads it hands work to). Throws blink::Error
+// when a trace is already running.
+void start();
+// Stops observing, restores the previous meta allocator and returns everything recorded.
+TraceData stop();
+bool active();
+
+// Called from the Python module hooks and the phase markers of the one-call API.
+void push_module(const std::string& path);
+void pop_module();
+void set_phase(Phase phase);
+
+// The innermost op that was unwinding an exception, if any (for error messages).
+Failure last_failure();
+
+}  // namespace tracer
+}  // namespace blink

@@ -1,0 +1,63 @@
+"""Build blink._C (the tracer and the torch-free core) with torch's C++ extension helpers.
+
+Build with `pip install --no-build-isolation .` so the extension compiles against the torch
+that is installed (torch 2.11 to 2.14). CUPTI support is a separate, optional module.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def write_build_stamp() -> None:
+    """Record what the extension is built against, for the load error in blink/_ext.py."""
+    import json
+    import sys
+
+    import torch
+
+    stamp = {
+        "torch_version": torch.__version__,
+        "python_version": f"{sys.version_info.major}.{sys.version_info.minor}",
+    }
+    with open(os.path.join(ROOT, "blink", "_build.json"), "w", encoding="utf-8") as f:
+        json.dump(stamp, f)
+
+
+def get_extensions() -> list:
+    core = sorted(glob.glob(os.path.join("csrc", "core", "*.cpp")))
+    adapters = sorted(glob.glob(os.path.join("csrc", "torch", "*.cpp")))
+    sources = core + adapters + [os.path.join("csrc", "python", "bindings.cpp")]
+    debug = os.environ.get("BLINK_DEBUG", "0") == "1"
+    # No -std here: torch picks the standard its headers need (C++20 from torch 2.12 on). The
+    # torch-free core is C++17 and a test compiles it alone with -std=c++17 to keep it so.
+    cxx = ["-O0" if debug else "-O2", "-Wall", "-Wno-unused-function"]
+    return [
+        CppExtension(
+            "blink._C",
+            sources,
+            include_dirs=[os.path.join(ROOT, "csrc", "include")],
+            extra_compile_args={"cxx": cxx},
+        )
+    ]
+
+
+write_build_stamp()
+
+setup(
+    name="blink",
+    version="0.1.0",
+    description="Predict PyTorch model GPU time and memory without running it on that GPU",
+    packages=find_packages(include=["blink", "blink.*"]),
+    package_data={"blink": ["data/*.json", "zoo_configs/*.json", "_build.json"]},
+    ext_modules=get_extensions(),
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    entry_points={"console_scripts": ["blink=blink.cli:main"]},
+    python_requires=">=3.11",
+    zip_safe=False,
+)

@@ -1,0 +1,549 @@
+"""The GPU hardware table (blink/data/gpus.json) and its loader (blink.hardware)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from blink import hardware
+from blink.errors import BlinkError, ConfigError, UnknownGPUError
+
+REQUIRED_GPUS = [
+    "H200",
+    "H100-SXM",
+    "H100-PCIe",
+    "A100-40GB",
+    "A100-80GB",
+    "A100-PCIe-40GB",
+    "L40S",
+    "L4",
+    "A10G",
+    "T4",
+    "V100",
+    "V100-PCIe",
+    "P100",
+    "P4",
+    "RTX3090",
+    "RTX4090",
+    "RTX5090",
+    "RTX-PRO-6000",
+    "B200",
+]
+
+# What torch.cuda.get_device_name() returns on these GPUs.
+DEVICE_NAMES = {
+    "NVIDIA H200": "H200",
+    "NVIDIA H100 80GB HBM3": "H100-SXM",
+    "NVIDIA H100 PCIe": "H100-PCIe",
+    "NVIDIA A100-SXM4-40GB": "A100-40GB",
+    "NVIDIA A100-SXM4-80GB": "A100-80GB",
+    "NVIDIA A100-PCIE-40GB": "A100-PCIe-40GB",
+    "NVIDIA L40S": "L40S",
+    "NVIDIA L4": "L4",
+    "NVIDIA A10G": "A10G",
+    "Tesla T4": "T4",
+    "Tesla V100-SXM2-32GB": "V100",
+    "Tesla V100-PCIE-32GB": "V100-PCIe",
+    "Tesla P100-PCIE-16GB": "P100",
+    "Tesla P4": "P4",
+    "NVIDIA GeForce RTX 3090": "RTX3090",
+    "NVIDIA GeForce RTX 4090": "RTX4090",
+    "NVIDIA GeForce RTX 5090": "RTX5090",
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": "RTX-PRO-6000",
+    "NVIDIA B200": "B200",
+}
+
+# The NeuSight device configs (shared/data/public/neusight-train/device_configs/*.json), copied
+# here so the test runs without the shared data: SM count, Mem_Bw (GB/s), SingleFLOPs (GFLOP/s).
+NEUSIGHT = {
+    "A100-PCIe-40GB": ("NVIDIA_A100-PCIE-40GB.json", 108, 1555, 19492),
+    "P100": ("Tesla_P100-PCIE-16GB.json", 56, 732, 9519),
+    "P4": ("Tesla_P4.json", 40, 192, 5699),
+    "T4": ("Tesla_T4.json", 40, 320, 8141),
+    "V100-PCIe": ("Tesla_V100-PCIE-32GB.json", 80, 900, 14029),
+}
+NEUSIGHT_DIR = Path("/work/shared/data/public/neusight-train/device_configs")
+
+AMPERE_OR_HOPPER = ("sm_80", "sm_86", "sm_90")
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch):
+    """Every test starts from the built-in table only, with no BLINK_GPU_FILE."""
+    monkeypatch.delenv(hardware.GPU_FILE_ENV, raising=False)
+    hardware._reset_for_tests()
+    yield
+    hardware._reset_for_tests()
+
+
+def builtin_document() -> dict:
+    from importlib import resources
+
+    text = resources.files("blink").joinpath("data").joinpath("gpus.json").read_text("utf-8")
+    return json.loads(text)
+
+
+def gpu_entry(name: str = "MyGPU-X") -> dict:
+    """A valid user GPU entry (a copy of the built-in L4 with a new name)."""
+    entry = copy.deepcopy(next(g for g in builtin_document()["gpus"] if g["name"] == "L4"))
+    entry["name"] = name
+    entry["aliases"] = [f"acme {name.lower()}"]
+    return entry
+
+
+def write_json(path: Path, obj: object) -> Path:
+    path.write_text(json.dumps(obj), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------ the table
+
+
+def test_every_required_gpu_is_present():
+    known = hardware.list_gpus()
+    missing = [n for n in REQUIRED_GPUS if n not in known]
+    assert not missing, f"missing GPUs: {missing}"
+    assert known == sorted(known, key=str.lower)
+
+
+def test_builtin_file_declares_format_version_1():
+    assert builtin_document()["format_version"] == hardware.FORMAT_VERSION == 1
+
+
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_entry_is_complete_and_sane(name):
+    g = hardware.get_gpu(name)
+    assert g.name == name
+    assert set(g.peak_flops) == set(hardware.PEAK_FLOPS_KEYS)
+    assert g.arch == "sm_{}{}".format(*g.compute_capability)
+    assert g.form_factor in ("SXM", "PCIe")
+    assert g.sm_count > 0 and g.l2_bytes > 0 and g.tdp_w > 0
+    assert 500 <= g.boost_clock_mhz <= 3000
+    assert 4 * 2**30 <= g.memory_bytes <= 256 * 2**30
+    assert 100e9 <= g.memory_bandwidth_bytes_per_s <= 10e12
+    assert g.source and all(s.strip() for s in g.source)
+    assert g.notes.strip() and g.memory_note.strip()
+    assert all(a == a.lower() for a in g.aliases)
+    for value in g.peak_flops.values():
+        assert value is None or (math.isfinite(value) and value > 0)
+    # fp32 SIMT peak is consistent with SMs x clock: 64 or 128 FP32 lanes per SM, 2 FLOP/FMA.
+    per_sm_per_clock = g.peak_flops["fp32"] / (g.sm_count * g.boost_clock_mhz * 1e6)
+    assert min(abs(per_sm_per_clock - 128), abs(per_sm_per_clock - 256)) < 0.05 * 256
+
+
+def test_memory_capacity_uses_gib():
+    assert hardware.get_gpu("H100-SXM").memory_bytes == 80 * 2**30
+    assert hardware.get_gpu("H200").memory_bytes == 141 * 2**30
+    assert hardware.get_gpu("T4").memory_bytes == 16 * 2**30
+
+
+def test_h100_sxm_reference_numbers_are_dense():
+    g = hardware.get_gpu("H100-SXM")
+    bf16 = g.peak_flops_for("bf16")
+    assert 900e12 < bf16 < 1.1e15  # the sparse datasheet figure would be ~1979e12
+    assert bf16 == pytest.approx(989.4e12, rel=1e-3)
+    assert g.peak_flops_for("fp32") == pytest.approx(66.9e12, rel=1e-3)
+    assert g.peak_flops_for("tf32") == pytest.approx(494.7e12, rel=1e-3)
+    assert g.peak_flops_for("fp8") == pytest.approx(1978.9e12, rel=1e-3)
+    assert g.memory_bandwidth_bytes_per_s == pytest.approx(3.35e12)
+    assert g.sm_count == 132
+    assert g.l2_bytes == 50 * 2**20
+
+
+def test_a100_reference_numbers():
+    for name, bandwidth in (("A100-40GB", 1555e9), ("A100-80GB", 2039e9)):
+        g = hardware.get_gpu(name)
+        assert g.form_factor == "SXM"
+        assert g.peak_flops_for("bf16") == pytest.approx(312e12)
+        assert g.peak_flops_for("tf32") == pytest.approx(156e12)
+        assert g.peak_flops_for("fp32") == pytest.approx(19.5e12)
+        assert g.sm_count == 108
+        assert g.l2_bytes == 40 * 2**20
+        assert g.memory_bandwidth_bytes_per_s == pytest.approx(bandwidth)
+        with pytest.raises(ConfigError, match="fp8"):
+            g.peak_flops_for("fp8")
+
+
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_fp16_equals_bf16_where_both_exist(name):
+    g = hardware.get_gpu(name)
+    fp16, bf16 = g.peak_flops["fp16"], g.peak_flops["bf16"]
+    if g.compute_capability >= (8, 0):
+        assert bf16 is not None
+        assert fp16 == pytest.approx(bf16)
+    else:
+        assert bf16 is None  # no bf16 tensor cores before Ampere
+
+
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_tf32_is_half_of_bf16_on_ampere_and_hopper(name):
+    g = hardware.get_gpu(name)
+    if g.arch in AMPERE_OR_HOPPER:
+        assert g.peak_flops["tf32"] == pytest.approx(g.peak_flops["bf16"] / 2, rel=0.01)
+    if g.compute_capability < (8, 0):
+        assert g.peak_flops["tf32"] is None
+
+
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_tensor_cores_beat_cuda_cores(name):
+    g = hardware.get_gpu(name)
+    if g.fp16_tensor_core:
+        assert g.peak_flops["fp16"] >= 1.9 * g.peak_flops["fp32"]  # GeForce: exactly 2x
+
+
+def test_gpus_without_tensor_cores():
+    for name in ("P100", "P4"):
+        g = hardware.get_gpu(name)
+        assert g.fp16_tensor_core is False
+        assert g.peak_flops["fp16"] < 4 * g.peak_flops["fp32"]  # SIMT rate, not tensor
+        assert g.peak_flops["tf32"] is None and g.peak_flops["bf16"] is None
+    assert all(
+        hardware.get_gpu(n).fp16_tensor_core for n in REQUIRED_GPUS if n not in ("P100", "P4")
+    )
+
+
+def test_h200_is_an_h100_sxm_with_more_and_faster_memory():
+    h200, h100 = hardware.get_gpu("H200"), hardware.get_gpu("H100-SXM")
+    assert h200.peak_flops == h100.peak_flops
+    assert h200.sm_count == h100.sm_count
+    assert h200.memory_bandwidth_bytes_per_s > h100.memory_bandwidth_bytes_per_s
+    assert h200.memory_bandwidth_bytes_per_s == pytest.approx(4.8e12)
+    assert h200.memory_bytes > h100.memory_bytes
+
+
+def test_fp8_only_on_ada_and_newer():
+    for name in REQUIRED_GPUS:
+        g = hardware.get_gpu(name)
+        has_fp8 = g.peak_flops["fp8"] is not None
+        assert has_fp8 == (g.compute_capability >= (8, 9) and g.arch != "sm_86"), name
+
+
+# ------------------------------------------------------------------------- NeuSight agreement
+
+
+@pytest.mark.parametrize("name", sorted(NEUSIGHT))
+def test_agrees_with_neusight_device_configs(name):
+    _, sm_count, bandwidth_gbs, fp32_gflops = NEUSIGHT[name]
+    g = hardware.get_gpu(name)
+    if name == "P4":
+        # NeuSight counts GP104 as 40 SMs x 64 cores; it has 20 SMs x 128 cores (CUDA reports
+        # 20). The core count agrees and the entry's notes say so.
+        assert g.sm_count * 128 == sm_count * 64
+        assert "NeuSight" in g.notes
+    else:
+        assert g.sm_count == sm_count
+    assert g.memory_bandwidth_bytes_per_s == pytest.approx(bandwidth_gbs * 1e9, rel=0.10)
+    assert g.peak_flops_for("fp32") == pytest.approx(fp32_gflops * 1e9, rel=0.15)
+
+
+@pytest.mark.skipif(not NEUSIGHT_DIR.is_dir(), reason="shared NeuSight data not present")
+@pytest.mark.parametrize("name", sorted(NEUSIGHT))
+def test_neusight_copy_matches_shared_files(name):
+    filename, sm_count, bandwidth_gbs, fp32_gflops = NEUSIGHT[name]
+    config = json.loads((NEUSIGHT_DIR / filename).read_text())
+    assert (config["Num_Sm"], config["Mem_Bw"], config["SingleFLOPs"]) == (
+        sm_count,
+        bandwidth_gbs,
+        fp32_gflops,
+    )
+    g = hardware.get_gpu(config["Device"])  # NeuSight's device name is an alias
+    assert g.name == name
+    assert g.l2_bytes == config["L2Cache"] * 2**20
+
+
+# ------------------------------------------------------------------------------- lookups
+
+
+@pytest.mark.parametrize("device_name", sorted(DEVICE_NAMES))
+def test_torch_device_names_are_aliases(device_name):
+    assert hardware.get_gpu(device_name).name == DEVICE_NAMES[device_name]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("NVIDIA H200", "H200"),
+        ("h100 sxm", "H100-SXM"),
+        ("H100_SXM", "H100-SXM"),
+        ("h100-sxm", "H100-SXM"),
+        ("  H100 SXM  ", "H100-SXM"),
+        ("rtx pro 6000", "RTX-PRO-6000"),
+        ("NVIDIA RTX 4090", "RTX4090"),  # vendor word dropped as a second chance
+        ("a100-pcie-40gb", "A100-PCIe-40GB"),
+        ("v100", "V100"),
+    ],
+)
+def test_lookup_ignores_case_spaces_underscores_hyphens(query, expected):
+    assert hardware.get_gpu(query).name == expected
+
+
+def test_get_gpu_passes_a_spec_through_and_rejects_non_strings():
+    g = hardware.get_gpu("T4")
+    assert hardware.get_gpu(g) is g
+    with pytest.raises(ConfigError, match="must be a string"):
+        hardware.get_gpu(4)  # type: ignore[arg-type]
+
+
+def test_unknown_gpu_error_lists_known_names_and_how_to_add():
+    with pytest.raises(UnknownGPUError) as info:
+        hardware.get_gpu("Radeon 7900")
+    err = info.value
+    assert isinstance(err, ConfigError) and isinstance(err, KeyError)
+    assert isinstance(err, BlinkError) and isinstance(err, ValueError)
+    message = str(err)
+    assert not message.startswith("'")  # not KeyError's quoting
+    assert "Radeon 7900" in message
+    for name in hardware.list_gpus():
+        assert name in message
+    assert "register_gpu_file" in message
+    assert hardware.GPU_FILE_ENV in message
+
+
+def test_unknown_gpu_error_suggests_close_names():
+    with pytest.raises(UnknownGPUError, match="Did you mean.*H100-PCIe"):
+        hardware.get_gpu("H100-PCIE-80")
+
+
+# --------------------------------------------------------------------------- peak_flops_for
+
+
+def test_peak_flops_for_dtypes_and_spellings():
+    g = hardware.get_gpu("H100-SXM")
+    assert g.peak_flops_for("fp32") == g.peak_flops["fp32"]
+    assert g.peak_flops_for("float32") == g.peak_flops["fp32"]
+    assert g.peak_flops_for("torch.float16") == g.peak_flops["fp16"]
+    assert g.peak_flops_for("bfloat16") == g.peak_flops["bf16"]
+    assert g.peak_flops_for("tf32") == g.peak_flops["tf32"]
+    assert g.peak_flops_for("float8_e4m3fn") == g.peak_flops["fp8"]
+    assert g.peak_flops_for("int8") == g.peak_flops["int8"]
+    assert g.peak_flops_for("fp64") == g.peak_flops["fp64"]
+    assert isinstance(g.peak_flops_for("fp16"), float)
+
+
+def test_peak_flops_for_cuda_cores():
+    g = hardware.get_gpu("A100-80GB")
+    for dtype in ("fp32", "tf32", "fp16", "bf16"):
+        assert g.peak_flops_for(dtype, tensor_cores=False) == g.peak_flops["fp32"]
+    assert g.peak_flops_for("fp64", tensor_cores=False) == g.peak_flops["fp64"]
+    with pytest.raises(ConfigError, match="int8"):
+        g.peak_flops_for("int8", tensor_cores=False)
+
+
+def test_peak_flops_for_raises_when_absent():
+    with pytest.raises(ConfigError, match=r"V100.*bf16"):
+        hardware.get_gpu("V100").peak_flops_for("bf16")
+    with pytest.raises(ConfigError, match=r"T4.*tf32"):
+        hardware.get_gpu("T4").peak_flops_for("tf32")
+    with pytest.raises(ConfigError, match=r"A100-40GB.*fp8"):
+        hardware.get_gpu("A100-40GB").peak_flops_for("fp8")
+    with pytest.raises(ConfigError, match="unknown dtype"):
+        hardware.get_gpu("H200").peak_flops_for("complex64")
+
+
+def test_spec_is_frozen_and_hashable():
+    g = hardware.get_gpu("L4")
+    with pytest.raises(AttributeError):
+        g.sm_count = 1  # type: ignore[misc]
+    assert hash(g) == hash(hardware.get_gpu("nvidia l4"))
+
+
+# ------------------------------------------------------------------------------ user files
+
+
+def test_register_full_form_round_trip(tmp_path):
+    doc = {"format_version": 1, "gpus": [gpu_entry("MyGPU-X"), gpu_entry("MyGPU-Y")]}
+    path = write_json(tmp_path / "gpus.json", doc)
+    assert hardware.register_gpu_file(path) == ["MyGPU-X", "MyGPU-Y"]
+    assert "MyGPU-X" in hardware.list_gpus() and "L4" in hardware.list_gpus()
+    g = hardware.get_gpu("acme mygpu-x")
+    assert g.name == "MyGPU-X"
+    reference = hardware.get_gpu("L4")
+    assert g.peak_flops == reference.peak_flops
+    assert g.memory_bytes == reference.memory_bytes
+    assert str(path) in g.origin
+
+
+def test_register_single_object_with_only_required_fields(tmp_path):
+    entry = gpu_entry("Tiny")
+    for optional in ("aliases", "source", "notes", "memory_note", "fp16_tensor_core"):
+        entry.pop(optional)
+    for key in ("tf32", "bf16", "fp8", "int8", "fp64"):
+        entry["peak_flops"].pop(key)
+    assert hardware.register_gpu_file(str(write_json(tmp_path / "one.json", entry))) == ["Tiny"]
+    g = hardware.get_gpu("tiny")
+    assert g.aliases == () and g.fp16_tensor_core is True
+    assert g.peak_flops["bf16"] is None
+    with pytest.raises(ConfigError, match="bf16"):
+        g.peak_flops_for("bf16")
+
+
+def test_user_entry_overrides_builtin_with_a_warning(tmp_path):
+    entry = gpu_entry("H100-SXM")
+    entry["aliases"] = ["nvidia h100 80gb hbm3"]
+    entry["tdp_w"] = 500
+    path = write_json(tmp_path / "h100.json", entry)
+    with pytest.warns(UserWarning, match="overrides GPU 'H100-SXM'"):
+        hardware.register_gpu_file(path)
+    assert hardware.get_gpu("H100-SXM").tdp_w == 500
+    assert hardware.get_gpu("NVIDIA H100 80GB HBM3").tdp_w == 500
+    assert hardware.list_gpus().count("H100-SXM") == 1
+
+
+def test_user_name_equal_to_an_alias_moves_the_alias_only(tmp_path):
+    path = write_json(tmp_path / "h100.json", gpu_entry("H100"))  # "h100" aliases H100-SXM
+    with pytest.warns(UserWarning, match="'H100' now names GPU 'H100' instead of 'H100-SXM'"):
+        hardware.register_gpu_file(path)
+    assert hardware.get_gpu("h100").name == "H100"
+    assert hardware.get_gpu("H100-SXM").name == "H100-SXM"
+    assert hardware.get_gpu("NVIDIA H100 80GB HBM3").name == "H100-SXM"
+
+
+def test_missing_field_names_file_gpu_and_field(tmp_path):
+    entry = gpu_entry("NoBandwidth")
+    del entry["memory_bandwidth_bytes_per_s"]
+    path = write_json(tmp_path / "bad.json", {"format_version": 1, "gpus": [entry]})
+    with pytest.raises(ConfigError) as info:
+        hardware.register_gpu_file(path)
+    message = str(info.value)
+    assert "bad.json" in message
+    assert "NoBandwidth" in message
+    assert "memory_bandwidth_bytes_per_s" in message
+    assert "NoBandwidth" not in hardware.list_gpus()
+
+
+def test_negative_bandwidth_is_rejected(tmp_path):
+    entry = gpu_entry("Negative")
+    entry["memory_bandwidth_bytes_per_s"] = -1.0e12
+    path = write_json(tmp_path / "neg.json", entry)
+    with pytest.raises(ConfigError, match=r"neg\.json.*Negative.*memory_bandwidth_bytes_per_s"):
+        hardware.register_gpu_file(path)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda e: e.update(sm_count="58"), "sm_count"),
+        (lambda e: e.update(sm_count=0), "sm_count"),
+        (lambda e: e.update(memory_bytes=True), "memory_bytes"),
+        (lambda e: e.update(form_factor="OAM"), "form_factor"),
+        (lambda e: e.update(arch="sm_90"), "arch"),  # does not match compute_capability
+        (lambda e: e.update(compute_capability=[8]), "compute_capability"),
+        (lambda e: e.update(fp16_tensor_core="yes"), "fp16_tensor_core"),
+        (lambda e: e.update(aliases="not a list", notes=3), "notes"),
+        (lambda e: e["peak_flops"].update(bf16=-5), "peak_flops.bf16"),
+        (lambda e: e["peak_flops"].update(fp16=None), "peak_flops.fp16"),
+        (lambda e: e["peak_flops"].update(bf16_sparse=1e15), "peak_flops"),
+        (lambda e: e.update(clock=1), "clock"),
+    ],
+)
+def test_bad_field_values_name_the_field(tmp_path, mutate, field):
+    entry = gpu_entry("Broken")
+    mutate(entry)
+    path = write_json(tmp_path / "broken.json", entry)
+    with pytest.raises(ConfigError, match="broken.json") as info:
+        hardware.register_gpu_file(path)
+    assert field in str(info.value)
+    assert "Broken" not in hardware.list_gpus()
+
+
+@pytest.mark.parametrize("version", [2, 0, "1", 1.5, True, None])
+def test_wrong_format_version_is_rejected(tmp_path, version):
+    path = write_json(tmp_path / "v.json", {"format_version": version, "gpus": [gpu_entry()]})
+    with pytest.raises(ConfigError, match=r"v\.json.*format_version"):
+        hardware.register_gpu_file(path)
+
+
+def test_missing_format_version_is_rejected(tmp_path):
+    path = write_json(tmp_path / "nov.json", {"gpus": [gpu_entry()]})
+    with pytest.raises(ConfigError, match="format_version"):
+        hardware.register_gpu_file(path)
+
+
+def test_not_json_is_rejected(tmp_path):
+    path = tmp_path / "notjson.json"
+    path.write_text("{ this is not json", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"notjson\.json.*not valid JSON.*line 1"):
+        hardware.register_gpu_file(path)
+
+
+def test_wrong_document_shape_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="single GPU object"):
+        hardware.register_gpu_file(write_json(tmp_path / "list.json", [gpu_entry()]))
+    with pytest.raises(ConfigError, match="no such file"):
+        hardware.register_gpu_file(tmp_path / "absent.json")
+
+
+def test_duplicates_within_a_file_are_rejected(tmp_path):
+    doc = {"format_version": 1, "gpus": [gpu_entry("Twin"), gpu_entry("twin")]}
+    with pytest.raises(ConfigError, match="twice"):
+        hardware.register_gpu_file(write_json(tmp_path / "twins.json", doc))
+    a, b = gpu_entry("A1"), gpu_entry("B1")
+    b["aliases"] = ["a1"]
+    doc = {"format_version": 1, "gpus": [a, b]}
+    with pytest.raises(ConfigError, match="also names GPU 'A1'"):
+        hardware.register_gpu_file(write_json(tmp_path / "clash.json", doc))
+    path = tmp_path / "dupkey.json"
+    path.write_text('{"name": "X", "name": "Y"}', encoding="utf-8")
+    with pytest.raises(ConfigError, match="duplicate key"):
+        hardware.register_gpu_file(path)
+
+
+def test_a_bad_file_adds_nothing(tmp_path):
+    bad = gpu_entry("Second")
+    bad["tdp_w"] = -3
+    doc = {"format_version": 1, "gpus": [gpu_entry("First"), bad]}
+    with pytest.raises(ConfigError, match="tdp_w"):
+        hardware.register_gpu_file(write_json(tmp_path / "half.json", doc))
+    assert "First" not in hardware.list_gpus()
+
+
+# ---------------------------------------------------------------------------- BLINK_GPU_FILE
+
+
+def test_env_var_files_are_loaded_on_first_lookup(tmp_path, monkeypatch):
+    one = write_json(tmp_path / "one.json", gpu_entry("EnvOne"))
+    two = write_json(tmp_path / "two.json", {"format_version": 1, "gpus": [gpu_entry("EnvTwo")]})
+    monkeypatch.setenv(hardware.GPU_FILE_ENV, f"{one}{os.pathsep}{two}")
+    hardware._reset_for_tests()
+    assert hardware.get_gpu("EnvOne").name == "EnvOne"
+    assert {"EnvOne", "EnvTwo", "H200"} <= set(hardware.list_gpus())
+
+
+def test_env_var_is_read_lazily(tmp_path, monkeypatch):
+    hardware._reset_for_tests()  # nothing read yet; setting the variable now still counts
+    monkeypatch.setenv(hardware.GPU_FILE_ENV, str(write_json(tmp_path / "l.json", gpu_entry("Lz"))))
+    assert "Lz" in hardware.list_gpus()
+
+
+def test_bad_env_var_file_names_the_variable_and_keeps_failing(tmp_path, monkeypatch):
+    monkeypatch.setenv(hardware.GPU_FILE_ENV, str(tmp_path / "missing.json"))
+    hardware._reset_for_tests()
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=rf"missing\.json.*{hardware.GPU_FILE_ENV}"):
+            hardware.get_gpu("H200")
+    monkeypatch.delenv(hardware.GPU_FILE_ENV)
+    assert hardware.get_gpu("H200").name == "H200"
+
+
+def test_registered_file_wins_over_env_file(tmp_path, monkeypatch):
+    env_entry = gpu_entry("Shared")
+    env_entry["tdp_w"] = 10
+    monkeypatch.setenv(hardware.GPU_FILE_ENV, str(write_json(tmp_path / "env.json", env_entry)))
+    hardware._reset_for_tests()
+    user_entry = gpu_entry("Shared")
+    user_entry["tdp_w"] = 20
+    with pytest.warns(UserWarning, match="overrides"):
+        hardware.register_gpu_file(write_json(tmp_path / "user.json", user_entry))
+    assert hardware.get_gpu("Shared").tdp_w == 20
+
+
+def test_reset_forgets_registered_files(tmp_path):
+    hardware.register_gpu_file(write_json(tmp_path / "r.json", gpu_entry("Temp")))
+    assert "Temp" in hardware.list_gpus()
+    hardware._reset_for_tests()
+    assert "Temp" not in hardware.list_gpus()

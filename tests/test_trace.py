@@ -1,0 +1,225 @@
+"""The dispatch tracer on real torch, real models and the real compiled extension."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import blink
+from blink import _C, TraceError
+
+
+def _small() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    ).to("meta")
+
+
+def _storage_allocs(t: blink.Trace) -> dict[int, int]:
+    return {e.storage: e.nbytes for e in t.allocations if not e.is_free}
+
+
+def test_hand_built_model_ops_and_allocation_sizes():
+    model = _small()
+    x = torch.empty(8, 16, device="meta")
+    with torch.no_grad(), blink.trace(model) as t:
+        y = model(x)
+        del y
+    user = [op for op in t.user_ops()]
+    assert [op.name for op in user] == ["aten::linear", "aten::relu", "aten::linear"]
+    # linear's call tree: transpose of the weight, then one addmm
+    first = user[0]
+    assert [c.name for c in t.children(first)] == ["aten::t", "aten::addmm"]
+    assert [op.module for op in user] == ["0", "1", "2"]
+    # Output sizes derived by hand: fp32 (8x32), (8x32), (8x4)
+    expected = [8 * 32 * 4, 8 * 32 * 4, 8 * 4 * 4]
+    allocs = _storage_allocs(t)
+    for op, nbytes in zip(user, expected, strict=True):
+        (out,) = op.tensors("outputs")
+        assert out.storage > 0, "output storage must be one the trace allocated"
+        assert allocs[out.storage] == nbytes
+        assert out.nbytes == nbytes
+    # Inputs and weights existed before the trace: external storages, sized exactly.
+    ext = t.external_storages
+    w0 = user[0].tensors("inputs")[1]
+    assert w0.storage < 0 and ext[w0.storage] == 32 * 16 * 4
+    assert user[0].tensors("inputs")[0].storage < 0
+
+
+def test_alloc_free_events_balance_and_order():
+    model = _small()
+    with blink.trace(model) as t:
+        x = torch.empty(8, 16, device="meta")
+        loss = model(x).sum()
+        loss.backward()
+        del x, loss
+    seen: dict[int, int] = {}
+    freed: set[int] = set()
+    for e in t.allocations:
+        if e.is_free:
+            assert e.storage in seen, "free of a storage never allocated"
+            assert e.storage not in freed, "double free"
+            assert seen[e.storage] == e.nbytes
+            freed.add(e.storage)
+        else:
+            assert e.storage not in seen, "storage id reused"
+            seen[e.storage] = e.nbytes
+    alive = set(seen) - freed
+    # What is left alive is exactly the parameters' .grad storages (4 parameters).
+    grads = {p.grad.untyped_storage().nbytes() for p in model.parameters()}
+    assert len(alive) == 4
+    assert {seen[s] for s in alive} == grads
+
+
+def test_views_share_storage_and_inplace_allocates_nothing_that_survives():
+    with blink.trace() as t:
+        x = torch.empty(4, 6, device="meta")
+        v = x.view(6, 4)
+        x.relu_()
+        del v
+    ops = {op.name: op for op in t.user_ops()}
+    view, relu_ = ops["aten::view"], ops["aten::relu_"]
+    assert view.tensors("outputs")[0].storage == view.tensors("inputs")[0].storage
+    assert relu_.tensors("outputs")[0].storage == relu_.tensors("inputs")[0].storage
+    sub = {o.id for o in t.walk(relu_)}
+    made = {e.storage for e in t.allocations if not e.is_free and e.op in sub}
+    freed_in = {e.storage for e in t.allocations if e.is_free and e.op in sub}
+    assert made <= freed_in, "an in-place op must not leave a new storage behind"
+
+
+def test_saved_tensors_live_until_backward_frees_them():
+    model = _small()
+    x = torch.empty(8, 16, device="meta")
+    with blink.trace(model) as t:
+        loss = model(x).sum()
+        loss.backward()
+        del loss
+    relu = next(op for op in t.user_ops() if op.name == "aten::relu")
+    out = relu.tensors("outputs")[0].storage
+    free = next(e for e in t.allocations if e.is_free and e.storage == out)
+    assert t.ops[free.op].phase == "backward"
+    assert any(op.phase == "backward" and op.name == "aten::threshold_backward" for op in t.ops)
+
+
+def test_phases_and_backward_module_attribution():
+    t = blink.trace_model(_small(), input_shape=(8, 16), mode="train", optimizer="sgd")
+    phases = {op.phase for op in t.ops}
+    assert phases == {"forward", "backward", "optimizer"}
+    mm_bwd = [op for op in t.ops if op.name == "aten::mm" and op.phase == "backward"]
+    assert mm_bwd and all(op.module in ("0", "2") for op in mm_bwd)
+    opt_ops = [op for op in t.ops if op.phase == "optimizer"]
+    assert any(op.name.startswith("aten::_foreach_") for op in opt_ops)
+
+
+def test_trace_is_deterministic():
+    def run() -> tuple[list[str], list[int]]:
+        t = blink.trace_model("torchvision:resnet18", batch_size=2, mode="train")
+        return [op.full_name for op in t.ops], [op.parent for op in t.ops]
+
+    assert run() == run()
+
+
+def test_json_round_trip(tmp_path):
+    t = blink.trace_model("hf:gpt2", batch_size=1, seq_len=16)
+    path = tmp_path / "t.json"
+    t.to_json(path)
+    back = blink.Trace.from_json(path)
+    assert len(back) == len(t)
+    assert [op.full_name for op in back.ops] == [op.full_name for op in t.ops]
+    assert back.ops[5].inputs == t.ops[5].inputs
+    assert back.allocations == t.allocations
+    assert back.meta["model"] == "hf:gpt2"
+
+
+def test_json_errors(tmp_path):
+    t = blink.trace_model(_small(), input_shape=(2, 16))
+    doc = json.loads(t.to_json())
+    doc["format_version"] = 99
+    bad = tmp_path / "v.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(blink.BlinkError, match="format_version 99"):
+        blink.Trace.from_json(bad)
+    trunc = tmp_path / "t.json"
+    trunc.write_text(t.to_json()[:200])
+    with pytest.raises(blink.BlinkError, match="invalid JSON"):
+        blink.Trace.from_json(trunc)
+    del doc["ops"]
+    doc["format_version"] = 1
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(blink.BlinkError, match="missing ops"):
+        blink.Trace.from_json(bad)
+
+
+def test_sdpa_traced_as_fused_kernel_with_logsumexp():
+    t = blink.trace_model("hf:gpt2", batch_size=2, seq_len=128, dtype="bf16", mode="train",
+                          gpu="H100-SXM")
+    names = {op.name for op in t.ops}
+    assert "aten::_scaled_dot_product_flash_attention" in names
+    assert "aten::_scaled_dot_product_flash_attention_backward" in names
+    assert "aten::_scaled_dot_product_attention_math" not in names
+    flash = next(op for op in t.ops if op.name == "aten::_scaled_dot_product_flash_attention")
+    outs = flash.tensors("outputs")
+    lse = outs[1]
+    assert lse.shape == (2, 12, 128) and lse.dtype == "float32"
+    # No L x L score matrix was ever allocated under the fused op.
+    sub = {o.id for o in t.walk(flash)}
+    big = [e for e in t.allocations if not e.is_free and e.op in sub
+           and e.nbytes >= 2 * 12 * 128 * 128 * 2]
+    assert big == []
+
+
+def test_nested_trace_refused_and_state_clean_after_error():
+    with pytest.raises(blink.BlinkError, match="already running"):
+        with blink.trace():
+            with blink.trace():
+                pass
+    assert not _C.tracer_active()
+    with blink.trace() as t:
+        torch.empty(3, device="meta")
+    assert len(t) >= 1
+
+
+def test_import_does_not_initialise_cuda():
+    code = "import blink, torch; blink.trace_model('torchvision:resnet18', batch_size=1); " \
+           "print(torch.cuda.is_initialized())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_summary_prints_table():
+    t = blink.trace_model("torchvision:resnet18", batch_size=2)
+    text = t.summary()
+    assert "aten::conv2d" in text and "calls" in text
+    conv_line = next(line for line in text.splitlines() if line.startswith("aten::conv2d"))
+    assert conv_line.split()[1] == "20"  # resnet18 has 20 convolutions
+
+
+def test_failed_dry_run_names_op_and_module():
+    class Gate(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:  # data-dependent Python branch
+                return x
+            return -x
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(4, 4), Gate())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    with pytest.raises(blink.DataDependentError) as info:
+        blink.trace_model(Net(), input_shape=(2, 4))
+    assert info.value.module == "body.1"
+    assert "body.1" in str(info.value)
+    assert not _C.tracer_active()
+
+
+def test_error_type_is_a_trace_error():
+    assert issubclass(blink.DataDependentError, TraceError)
