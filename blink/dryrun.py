@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -141,7 +142,19 @@ def _make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.
     return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=True)
 
 
-def trace_model(
+@dataclass
+class Prepared:
+    """A meta-device model copy and its inputs, ready to run."""
+
+    net: torch.nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    labels: torch.Tensor | None
+    meta: dict[str, Any]
+    amp_dtype: torch.dtype | None
+
+
+def prepare(
     model: torch.nn.Module | str,
     inputs: object = None,
     *,
@@ -151,17 +164,8 @@ def trace_model(
     dtype: str | torch.dtype | None = None,
     mode: str = "inference",
     optimizer: str = "adamw",
-    gpu: str = "H200",
-    loss_fn: Callable[[object], torch.Tensor] | None = None,
-    nonzero: str = "error",
-) -> Trace:
-    """Dry-run an inference forward or one whole training step and return its Trace.
-
-    `model` is an nn.Module or a zoo name (``blink.zoo.list_models()``). Inputs come from
-    `inputs` (tensors on any device; only their shapes and dtypes are used), from `input_shape`
-    (batch dimension first; `batch_size` replaces it), or, for zoo models, from `batch_size` and
-    `seq_len`. mode="train" runs forward, loss, backward and `optimizer.step()`.
-    """
+) -> Prepared:
+    """Validate the arguments and build the meta model copy and inputs (see trace_model)."""
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; choose 'inference' or 'train'")
     if not isinstance(optimizer, str) or optimizer.lower() not in OPTIMIZERS:
@@ -225,33 +229,64 @@ def trace_model(
         "optimizer": optimizer if mode == "train" else None,
         "torch_version": torch.__version__,
     }
-    params = [p for p in net.parameters() if p.requires_grad]
+    return Prepared(net, args, kwargs, labels, meta, amp_dtype)
+
+
+def trace_model(
+    model: torch.nn.Module | str,
+    inputs: object = None,
+    *,
+    input_shape: object = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    dtype: str | torch.dtype | None = None,
+    mode: str = "inference",
+    optimizer: str = "adamw",
+    gpu: str = "H200",
+    loss_fn: Callable[[object], torch.Tensor] | None = None,
+    nonzero: str = "error",
+) -> Trace:
+    """Dry-run an inference forward or one whole training step and return its Trace.
+
+    `model` is an nn.Module or a zoo name (``blink.zoo.list_models()``). Inputs come from
+    `inputs` (tensors on any device; only their shapes and dtypes are used), from `input_shape`
+    (batch dimension first; `batch_size` replaces it), or, for zoo models, from `batch_size` and
+    `seq_len`. mode="train" runs forward, loss, backward and `optimizer.step()`.
+    """
+    p = prepare(model, inputs, input_shape=input_shape, batch_size=batch_size, seq_len=seq_len,
+                dtype=dtype, mode=mode, optimizer=optimizer)
+    with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta) as result:
+        execute(p, loss_fn=loss_fn)
+    return result
+
+
+def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = None) -> None:
+    """Run the prepared inference forward or training step (traced or not: the caller decides)."""
+    mode = p.meta["mode"]
+    params = [q for q in p.net.parameters() if q.requires_grad]
+    opt = _make_optimizer(p.meta["optimizer"] or "none", params) if mode == "train" else None
     with ExitStack() as stack:
-        t = trace(net, gpu=gpu, nonzero=nonzero, meta=meta)
-        result = stack.enter_context(t)
-        opt = _make_optimizer(optimizer, params) if mode == "train" else None
-        if amp_dtype is not None:
+        amp = stack.enter_context(ExitStack())
+        if p.amp_dtype is not None:
             from .autocast import meta_autocast
 
-            amp = stack.enter_context(ExitStack())
-            amp.enter_context(meta_autocast(amp_dtype))
-        else:
-            amp = None
+            amp.enter_context(meta_autocast(p.amp_dtype))
         if mode == "inference":
             stack.enter_context(torch.no_grad())
-        out = net(*args, **kwargs)
-        if mode == "train":
-            loss = loss_fn(out) if loss_fn is not None else _default_loss(out, labels)
-            if amp is not None:
-                amp.close()  # autocast covers forward and loss, never backward
+        out = p.net(*p.args, **p.kwargs)
+        if mode == "inference":
             del out
+            return
+        loss = loss_fn(out) if loss_fn is not None else _default_loss(out, p.labels)
+        amp.close()  # autocast covers forward and loss, never backward
+        del out
+        tracing = _C.tracer_active()
+        if tracing:
             _C.tracer_set_phase(1)
-            loss.backward()
-            del loss
+        loss.backward()
+        del loss
+        if tracing:
             _C.tracer_set_phase(0)
-            if opt is not None:
-                opt.step()  # its hooks mark the optimizer phase
-                opt.zero_grad(set_to_none=True)
-        else:
-            del out
-    return result
+        if opt is not None:
+            opt.step()  # the optimizer hooks mark its phase
+            opt.zero_grad(set_to_none=True)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -210,6 +210,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _first_failure(checks: Iterator[str | None]) -> str | None:
+    # The use_<backend> loops: the first filter that fails decides (filters run lazily, in order).
+    for reason in checks:
+        if reason is not None:
+            return reason
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # shared checks (sdp_utils_cpp.h)
 
@@ -294,24 +302,24 @@ def _flash_reasons(p: _Params, env: _Env) -> str | None:
     # check_runtime_disabled_flash
     if not env.enabled["flash"]:
         return "disabled (torch.backends.cuda.enable_flash_sdp(False))"
-    for reason in (
-        _check_tensor_shapes(p),  # check_tensor_shapes
-        _check_for_attn_mask(p),  # check_for_attn_mask
-        _flash_head_dim(p),  # check_head_dim_size_flash
-        _flash_hardware(p),  # check_flash_attention_hardware_support
-        # check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120
-        _flash_grad_head_dim(p),
-        _flash_causal_square(p),  # check_flash_causal_non_square_seqlens
-        _flash_dtype(p, env),  # check_dtypes_flash_attention
-        _check_batch_size_and_num_heads(  # check_batch_size_and_num_heads_dense<true, true[, true]>
-            p, supports_gqa=True, requires_same_num_heads=True, supports_mqa=env.rules >= (2, 14)
-        ),
-        _check_nonzero_sequence_lengths(p),  # check_nonzero_sequence_lengths_dense
-        _check_last_dim_stride_1(p, ignore_singleton_dim=True),  # ..._equals_1_dense<true>
-    ):
-        if reason is not None:
-            return reason
-    return None
+    return _first_failure(_flash_checks(p, env))
+
+
+def _flash_checks(p: _Params, env: _Env) -> Iterator[str | None]:
+    yield _check_tensor_shapes(p)  # check_tensor_shapes
+    yield _check_for_attn_mask(p)  # check_for_attn_mask
+    yield _flash_head_dim(p)  # check_head_dim_size_flash
+    yield _flash_hardware(p)  # check_flash_attention_hardware_support
+    # check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120
+    yield _flash_grad_head_dim(p)
+    yield _flash_causal_square(p)  # check_flash_causal_non_square_seqlens
+    yield _flash_dtype(p, env)  # check_dtypes_flash_attention
+    # check_batch_size_and_num_heads_dense<true, true[, true]>
+    yield _check_batch_size_and_num_heads(
+        p, supports_gqa=True, requires_same_num_heads=True, supports_mqa=env.rules >= (2, 14)
+    )
+    yield _check_nonzero_sequence_lengths(p)  # check_nonzero_sequence_lengths_dense
+    yield _check_last_dim_stride_1(p, ignore_singleton_dim=True)  # ..._equals_1_dense<true>
 
 
 def _flash_head_dim(p: _Params) -> str | None:
@@ -374,24 +382,23 @@ def _efficient_reasons(p: _Params, env: _Env) -> str | None:
     # check_runtime_disabled_mem_efficient
     if not env.enabled["efficient"]:
         return "disabled (torch.backends.cuda.enable_mem_efficient_sdp(False))"
-    for reason in (
-        _efficient_hardware(p),  # check_mem_efficient_hardware_support
-        _check_tensor_shapes(p),  # check_tensor_shapes
-        _efficient_head_dim(p),  # check_head_dim_size_mem_efficient
-        _efficient_ptr_alignment(p, env),  # check_data_ptr_alignment_mem_efficient (2.13+)
-        _check_nonzero_sequence_lengths(p),  # check_nonzero_sequence_lengths_dense
-        _check_last_dim_stride_1(p, ignore_singleton_dim=False),  # ..._equals_1_dense<false>
-        _check_batch_size_and_num_heads(  # check_batch_size_and_num_heads_dense<gqa, true[, mqa]>
-            p,
-            supports_gqa=env.rules >= (2, 14),
-            requires_same_num_heads=True,
-            supports_mqa=env.rules >= (2, 14),
-        ),
-        _efficient_dtype(p),  # check_tensor_dtype (sm80+: fp16/fp32/bf16, else fp16/fp32)
-    ):
-        if reason is not None:
-            return reason
-    return None
+    return _first_failure(_efficient_checks(p, env))
+
+
+def _efficient_checks(p: _Params, env: _Env) -> Iterator[str | None]:
+    yield _efficient_hardware(p)  # check_mem_efficient_hardware_support
+    yield _check_tensor_shapes(p)  # check_tensor_shapes
+    yield _efficient_head_dim(p)  # check_head_dim_size_mem_efficient
+    yield _efficient_ptr_alignment(p, env)  # check_data_ptr_alignment_mem_efficient (2.13+)
+    yield _check_nonzero_sequence_lengths(p)  # check_nonzero_sequence_lengths_dense
+    yield _check_last_dim_stride_1(p, ignore_singleton_dim=False)  # ..._equals_1_dense<false>
+    yield _check_batch_size_and_num_heads(  # check_batch_size_and_num_heads_dense<gqa, true[, mqa]>
+        p,
+        supports_gqa=env.rules >= (2, 14),
+        requires_same_num_heads=True,
+        supports_mqa=env.rules >= (2, 14),
+    )
+    yield _efficient_dtype(p)  # check_tensor_dtype (sm80+: fp16/fp32/bf16, else fp16/fp32)
 
 
 def _efficient_hardware(p: _Params) -> str | None:
@@ -442,26 +449,25 @@ def _cudnn_reasons(p: _Params, env: _Env) -> str | None:
     # check_runtime_disabled_cudnn
     if not env.enabled["cudnn"]:
         return "disabled (torch.backends.cuda.enable_cudnn_sdp(False))"
-    for reason in (
-        _check_tensor_shapes(p),  # check_tensor_shapes
-        _cudnn_deterministic(env),  # check_cudnn_deterministic
-        # check_dtypes_low_precision
-        _check_dtype(p, _HALF_DTYPES if p.cc[0] >= 8 else (torch.float16,)),
-        _check_attn_mask_shape(p),  # check_attn_mask_shape
-        _cudnn_hardware(p),  # check_cudnn_hardware_support
-        _cudnn_dropout(p, env),  # check_cudnn_dropout (2.12+)
-        _check_nonzero_sequence_lengths(p),  # check_nonzero_sequence_lengths_dense
-        _check_last_dim_stride_1(p, ignore_singleton_dim=True),  # ..._equals_1_dense<true>
-        # check_batch_size_and_num_heads_dense<true, false[, true]>
-        _check_batch_size_and_num_heads(
-            p, supports_gqa=True, requires_same_num_heads=False, supports_mqa=env.rules >= (2, 14)
-        ),
-        _cudnn_tensor_shapes(p, env),  # check_cudnn_tensor_shapes
-        _cudnn_d256_bprop(p, env),  # check_cudnn_d256_bprop_head_dim (2.14)
-    ):
-        if reason is not None:
-            return reason
-    return None
+    return _first_failure(_cudnn_checks(p, env))
+
+
+def _cudnn_checks(p: _Params, env: _Env) -> Iterator[str | None]:
+    yield _check_tensor_shapes(p)  # check_tensor_shapes
+    yield _cudnn_deterministic(env)  # check_cudnn_deterministic
+    # check_dtypes_low_precision
+    yield _check_dtype(p, _HALF_DTYPES if p.cc[0] >= 8 else (torch.float16,))
+    yield _check_attn_mask_shape(p)  # check_attn_mask_shape
+    yield _cudnn_hardware(p)  # check_cudnn_hardware_support
+    yield _cudnn_dropout(p, env)  # check_cudnn_dropout (2.12+)
+    yield _check_nonzero_sequence_lengths(p)  # check_nonzero_sequence_lengths_dense
+    yield _check_last_dim_stride_1(p, ignore_singleton_dim=True)  # ..._equals_1_dense<true>
+    # check_batch_size_and_num_heads_dense<true, false[, true]>
+    yield _check_batch_size_and_num_heads(
+        p, supports_gqa=True, requires_same_num_heads=False, supports_mqa=env.rules >= (2, 14)
+    )
+    yield _cudnn_tensor_shapes(p, env)  # check_cudnn_tensor_shapes
+    yield _cudnn_d256_bprop(p, env)  # check_cudnn_d256_bprop_head_dim (2.14)
 
 
 def _cudnn_deterministic(env: _Env) -> str | None:

@@ -173,17 +173,26 @@ class Trace:
 
     def __init__(self, raw: dict[str, Any] | None = None, meta: dict[str, Any] | None = None):
         self.meta: dict[str, Any] = dict(meta or {})
-        self._raw: dict[str, Any] = raw or {
+        self._raw_dict: dict[str, Any] | None = raw or {
             "ops": [], "allocs": [], "externals": [], "names": [], "modules": [],
         }
+        self._native: Any = None  # blink._C.RawTrace until first read
         self._ops: list[Op] | None = None
         self._allocs: list[StorageEvent] | None = None
 
     # -- building ------------------------------------------------------------------------
-    def _set_raw(self, raw: dict[str, Any]) -> None:
-        self._raw = raw
+    def _set_native(self, native: Any) -> None:
+        self._native = native
+        self._raw_dict = None
         self._ops = None
         self._allocs = None
+
+    @property
+    def _raw(self) -> dict[str, Any]:
+        if self._raw_dict is None:
+            self._raw_dict = self._native.to_python()
+            self._native = None
+        return self._raw_dict
 
     @property
     def ops(self) -> list[Op]:
@@ -222,7 +231,9 @@ class Trace:
         return list(self._raw["modules"])
 
     def __len__(self) -> int:
-        return len(self._raw["ops"])
+        if self._raw_dict is None:
+            return int(self._native.num_ops())
+        return len(self._raw_dict["ops"])
 
     # -- queries ---------------------------------------------------------------------------
     def roots(self) -> list[Op]:
@@ -303,7 +314,9 @@ class Trace:
         return self.summary()
 
     def __repr__(self) -> str:
-        return f"<blink.Trace {len(self)} ops, {len(self._raw['allocs'])} storage events>"
+        n = (self._native.num_allocs() if self._raw_dict is None
+             else len(self._raw_dict["allocs"]))
+        return f"<blink.Trace {len(self)} ops, {n} storage events>"
 
     # -- serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -385,10 +398,14 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
     ``model`` is only used to name module paths; it is not modified. ``nonzero="assume_all"``
     lets data-dependent ops (nonzero, boolean masks) run by assuming every element is non-zero
     (an upper bound on size and memory); the default raises a DataDependentError.
+
+    Ops below an op that has its own CUDA kernel (e.g. the mm/mul/add that meta's addmm runs in
+    Python) are meta-only decompositions and are not recorded unless ``record_all=True``; the
+    storage events inside them are recorded and attributed to the kernel op.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, *, gpu: str = "H200",
-                 sdpa: str = "auto", nonzero: str = "error",
+                 sdpa: str = "auto", nonzero: str = "error", record_all: bool = False,
                  meta: dict[str, Any] | None = None) -> None:
         from . import sdpa as _sdpa
         from .hardware import get_gpu
@@ -403,6 +420,7 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
         self._model = model
         self._sdpa = sdpa
         self._nonzero = nonzero
+        self._record_all = record_all
         self.result = Trace(meta={"gpu": self._gpu.name, "sdpa": sdpa, **(meta or {})})
         self._undo: list[Any] = []
         self._stack: list[str] = []
@@ -412,7 +430,7 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
             raise BlinkError("a blink trace is already running; traces cannot be nested")
         try:
             self._install()
-            _C.tracer_start()
+            _C.tracer_start(record_all=self._record_all)
         except BaseException:
             self._uninstall()
             raise
@@ -425,7 +443,7 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
             raw = _C.tracer_stop()
         finally:
             self._uninstall()
-        self.result._set_raw(raw)
+        self.result._set_native(raw)
         if ev is not None and isinstance(ev, Exception) and not isinstance(ev, BlinkError):
             raise _translate(ev, failure, self._stack) from ev
         return False
@@ -544,11 +562,13 @@ class cuda_sdpa:  # noqa: N801 - a context manager, like torch.no_grad
             self._lib = None
 
 
-def _translate(exc: Exception, failure: tuple[str, str] | None,
+def _translate(exc: Exception, failure: tuple[str, str | None] | None,
                stack: list[str]) -> TraceError:
     """Turn a dry-run failure into an error that names the op and the module path."""
     op = failure[0] if failure else None
-    module = (failure[1] if failure and failure[1] else None) or (stack[-1] if stack else None)
+    module = failure[1] if failure and failure[1] is not None else None
+    if module is None and stack:
+        module = stack[-1]
     text = str(exc).split("\n")[0]
     where = f" in module '{module}'" if module else ""
     if module == "":

@@ -133,9 +133,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return d;
   });
 
-  m.def("tracer_start", &tracer::start, "Start recording ops and meta storages on this thread.");
-  m.def("tracer_stop", []() { return trace_to_python(tracer::stop()); },
-        "Stop recording and return the raw trace.");
+  m.def("tracer_start", &tracer::start, py::arg("record_all") = false,
+        "Start recording ops and meta storages on this thread.");
+  // The record stays in C++ until Python reads it: converting ~50k ops to Python objects
+  // costs more than recording them, and many callers only need a summary or the JSON.
+  py::class_<TraceData, std::shared_ptr<TraceData>>(m, "RawTrace")
+      .def("num_ops", [](const TraceData& d) { return d.ops.size(); })
+      .def("num_allocs", [](const TraceData& d) { return d.allocs.size(); })
+      .def("to_python", &trace_to_python);
+  m.def("tracer_stop", []() { return std::make_shared<TraceData>(tracer::stop()); },
+        "Stop recording and return the raw trace (a RawTrace).");
   m.def("tracer_active", &tracer::active);
   m.def("tracer_push_module", &tracer::push_module);
   m.def("tracer_pop_module", &tracer::pop_module);
@@ -146,7 +153,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tracer_last_failure", []() -> py::object {
     tracer::Failure f = tracer::last_failure();
     if (!f.present) return py::none();
-    return py::make_tuple(f.op, f.module_path);
+    py::object module = py::none();
+    if (f.module >= 0) module = py::str(f.module_path);  // "" is the model's own forward
+    return py::make_tuple(f.op, module);
   });
   m.def("device_type_name", [](int t) {
     return c10::DeviceTypeName(static_cast<c10::DeviceType>(t), /*lower_case=*/true);

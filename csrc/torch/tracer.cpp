@@ -1,5 +1,6 @@
 #include "tracer.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
@@ -36,6 +37,7 @@ struct Frame {
   int64_t op;
   int32_t module;
   bool backward;
+  bool muted;  // this op switched the observer off for its subtree
 };
 
 struct ThreadState {
@@ -53,6 +55,8 @@ struct Session {
   std::unordered_map<std::string, int32_t> module_index;
   std::unordered_map<const void*, int64_t> externals;  // StorageImpl* -> id (< 0)
   std::unordered_map<int64_t, int32_t> seq_module;     // autograd seq nr -> module
+  std::unordered_map<const void*, bool> is_kernel;      // schema name ptr -> has a CUDA kernel
+  bool record_all = false;
   int64_t next_storage = 1;
   int32_t next_thread = 0;
   at::CallbackHandle handle = 0;
@@ -162,6 +166,10 @@ void record_value(Session& s, const c10::IValue& v, Arg& arg) {
     arg.kind = ArgKind::kIntList;
     auto list = v.toIntList();
     arg.ints.assign(list.begin(), list.end());
+  } else if (v.isBoolList()) {
+    // bool[] (convolution_backward's output_mask): kept as 0/1 integers.
+    arg.kind = ArgKind::kIntList;
+    for (bool b : v.toBoolList()) arg.ints.push_back(b ? 1 : 0);
   } else if (v.isDoubleList()) {
     arg.kind = ArgKind::kDoubleList;
     auto list = v.toDoubleList();
@@ -182,6 +190,23 @@ void record_value(Session& s, const c10::IValue& v, Arg& arg) {
     arg.kind = ArgKind::kOther;
     arg.s = v.tagKind();
   }
+}
+
+// True when the op has its own CUDA kernel: on a GPU it is one launch, and what it calls on the
+// meta device (Python refs, prims) is a meta-only decomposition. Cached per schema; the name
+// pointer is stable for the lifetime of the registration. Caller holds s.mu.
+bool has_cuda_kernel(Session& s, const at::RecordFunction& fn) {
+  const void* key = fn.overload_name();
+  auto it = s.is_kernel.find(key);
+  if (it != s.is_kernel.end()) return it->second;
+  bool kernel = false;
+  if (auto name = fn.operator_name()) {
+    if (auto handle = c10::Dispatcher::singleton().findSchema(*name)) {
+      kernel = handle->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+    }
+  }
+  s.is_kernel.emplace(key, kernel);
+  return kernel;
 }
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
@@ -232,8 +257,18 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   auto inputs = fn.inputs();
   rec.inputs.resize(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) record_value(s, inputs[i], rec.inputs[i]);
-  if (!is_backward_fn && phase != Phase::kBackward && rec.seq_nr >= 0 && module >= 0) s.seq_module.emplace(rec.seq_nr, module);
-  ts.stack.push_back(Frame{rec.id, module, is_backward_fn});
+  if (!is_backward_fn && phase != Phase::kBackward && rec.seq_nr >= 0 && module >= 0) {
+    s.seq_module.emplace(rec.seq_nr, module);
+  }
+  // Below an op with a CUDA kernel the meta device runs decompositions CUDA never runs; muting
+  // the observer there skips their recording and the dispatcher's argument boxing (the bulk of
+  // the tracing cost). Storage events inside are still recorded, attributed to this op.
+  bool muted = false;
+  if (!s.record_all && fn.scope() == at::RecordScope::FUNCTION && has_cuda_kernel(s, fn)) {
+    at::disableCallback(s.handle);
+    muted = true;
+  }
+  ts.stack.push_back(Frame{rec.id, module, is_backward_fn, muted});
   if (is_backward_fn) ++ts.backward_depth;
   s.data.ops.push_back(std::move(rec));
   return nullptr;
@@ -247,6 +282,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (ts.stack.empty()) return;  // entered before this trace started
   Frame frame = ts.stack.back();
   ts.stack.pop_back();
+  if (frame.muted) at::reenableCallback(s.handle);
   if (frame.backward) --ts.backward_depth;
   std::lock_guard<std::mutex> lock(s.mu);
   OpRecord& rec = s.data.ops[static_cast<size_t>(frame.op)];
@@ -318,11 +354,12 @@ RecordingMetaAllocator g_allocator;
 
 }  // namespace
 
-void start() {
+void start(bool record_all) {
   std::lock_guard<std::mutex> guard(g_session_mu);
   BLINK_CHECK(g_session == nullptr,
               "a blink trace is already running in this process; finish it before starting another");
   auto* s = new Session();
+  s->record_all = record_all;
   s->previous_allocator = c10::GetAllocator(c10::DeviceType::Meta);
   g_generation.fetch_add(1);
   g_phase.store(static_cast<uint8_t>(Phase::kForward));

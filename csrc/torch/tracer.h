@@ -17,8 +17,9 @@ struct Failure {
 };
 
 // Starts observing this thread (and the autograd threads it hands work to). Throws blink::Error
-// when a trace is already running.
-void start();
+// when a trace is already running. record_all: also record the meta-only decompositions that
+// run below ops with a CUDA kernel (for debugging the tracer; slower).
+void start(bool record_all = false);
 // Stops observing, restores the previous meta allocator and returns everything recorded.
 TraceData stop();
 bool active();

@@ -1,0 +1,154 @@
+#pragma once
+// Per-unit features of a cost unit (one traced ATen op that CUDA runs as one or a few kernels):
+// FLOPs, compulsory DRAM bytes, GEMM / convolution / attention geometry, reduction sizes, dtype
+// and math mode, and how the work tiles onto a target GPU. Torch-free: it reads the plain
+// records of trace_types.h, so the cost models and tests can use it without PyTorch.
+//
+// Every op -> formula rule lives in one table in csrc/core/features.cpp (rule_table()).
+// Conventions: FLOPs count 2 per multiply-accumulate (as blink/flops.py); bytes are compulsory
+// traffic (each distinct input read once, each output written once; a broadcast input, i.e. a
+// dimension with stride 0, is read once); times are seconds.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "blink/error.h"
+#include "blink/trace_types.h"
+
+namespace blink {
+
+// One GPU of the hardware table (blink/data/gpus.json), filled from Python. Peaks are dense
+// FLOP/s; 0 means the GPU has no such mode (the JSON's null).
+struct GpuSpec {
+  std::string name;
+  int sm_count = 0;
+  double clock_hz = 0.0;
+  double mem_bw = 0.0;    // bytes/s
+  double l2_bytes = 0.0;
+  double peak_fp32 = 0.0; // CUDA-core FMA rate
+  double peak_tf32 = 0.0; // tensor-core rates from here on
+  double peak_bf16 = 0.0;
+  double peak_fp16 = 0.0;
+  double peak_fp8 = 0.0;
+  int cc_major = 0;
+  int cc_minor = 0;
+  // Not in the list: FP64 vector rate, for double-precision work. 0 = unknown, in which
+  // case 1/32 of peak_fp32 is assumed (a conservative consumer-GPU ratio).
+  double peak_fp64 = 0.0;
+};
+
+enum class UnitKind {
+  kGemm,
+  kConv,
+  kAttention,
+  kNorm,
+  kSoftmax,
+  kReduction,
+  kElementwise,
+  kEmbedding,
+  kCopy,
+  kOptimizer,
+  kLoss,
+  kOther,
+};
+
+// How the unit's arithmetic runs: SIMT FP32 on CUDA cores, or a tensor-core mode.
+enum class MathMode { kFp32Simt, kTf32, kBf16Tc, kFp16Tc, kFp8Tc, kOther };
+
+// The math settings that change kernel choice. Defaults are PyTorch's: matmul TF32 off
+// (torch.backends.cuda.matmul.allow_tf32), cuDNN TF32 on (torch.backends.cudnn.allow_tf32).
+struct FeatureOptions {
+  bool allow_tf32_matmul = false;
+  bool allow_tf32_cudnn = true;
+  // torch built with CUDA >= 13 passes 32 KB kernel arguments, so one multi_tensor_apply launch
+  // (_foreach_*, fused optimizers) takes up to 770 tensors / 2240 blocks instead of 110 / 320
+  // (aten/src/ATen/native/cuda/MultiTensorApply.cuh). Blink targets the CUDA 13 wheels.
+  bool large_kernel_args = true;
+};
+
+struct UnitFeatures {
+  UnitKind kind = UnitKind::kOther;
+  bool matched = false;  // false: no rule for the op, the generic fallback was used
+  double flops = 0.0;
+  double bytes_read = 0.0;
+  double bytes_written = 0.0;
+  double arithmetic_intensity = 0.0;  // flops / (bytes_read + bytes_written)
+  int64_t kernels = 1;                // kernel launches of the CUDA implementation (0: none)
+
+  // GEMM view. For kGemm the op's own M, N, K, batch. For kConv the implicit GEMM
+  // (m = N*out_spatial, n = out channels per group, k = in channels per group * kernel volume,
+  // batch = groups). For kAttention m = query length, n = key length, k = head dim,
+  // batch = batch * query heads.
+  int64_t m = 0, n = 0, k = 0, batch = 0;
+  bool trans_a = false, trans_b = false;  // operand's last dim is not its contiguous one
+
+  // Convolution geometry (input N, C, [D,] H, W; K output channels; kernel [T,] R, S).
+  // 1-D convs use h = 1, r = 1; depth fields are 1 except for 3-D convs.
+  int64_t conv_n = 0, conv_c = 0, conv_h = 0, conv_w = 0, conv_k = 0, conv_r = 0, conv_s = 0;
+  int64_t conv_d = 1, conv_t = 1, out_d = 1;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+  int64_t groups = 1, out_h = 0, out_w = 0;
+  bool transposed = false;
+
+  // Attention extras (with m, n, k, batch above).
+  int64_t head_dim_v = 0;
+  bool causal = false;
+
+  // Reductions, normalisations, softmax: `outer` independent rows of `inner` elements each.
+  int64_t outer = 0, inner = 0;
+
+  int64_t numel = 0;  // elements of the largest output (summed over a tensor list)
+  int dtype = -1;     // c10::ScalarType code of the unit's main operand
+  MathMode math_mode = MathMode::kOther;
+
+  // On the target GPU. tiles: CTAs the kernel launches (GEMM/conv: output tiles of
+  // 128x128 on tensor cores, 128x64 on SIMT; attention: 128-row query blocks per batch*head;
+  // others: see parallelism). waves = ceil(tiles / (sm_count * blocks_per_sm)).
+  int64_t tiles = 0;
+  int64_t blocks_per_sm = 1;
+  int64_t waves = 0;
+  double parallelism = 0.0;  // threads the launch offers
+  double compute_time_s = 0.0;   // flops / peak of the math mode
+  double memory_time_s = 0.0;    // (bytes_read + bytes_written) / mem_bw
+  double roofline_time_s = 0.0;  // max of the two
+};
+
+// Features of one op on `gpu`. Throws blink::Error for malformed arguments (naming the op),
+// an FP8 GEMM on a GPU without FP8 tensor cores, an invalid GpuSpec, or a composite op
+// (aten::linear, aten::matmul, ...) whose cost lives in the ops beneath it.
+UnitFeatures compute_features(const std::string& op_name, const std::vector<Arg>& inputs,
+                              const std::vector<Arg>& outputs, const GpuSpec& gpu,
+                              const FeatureOptions& opts);
+
+// The pure entry point the Python binding exposes 1:1 (blink._C.features_for). Same as
+// compute_features; kept separate so the binding's name is stable if compute_features grows.
+inline UnitFeatures features_for(const std::string& op_name, const std::vector<Arg>& inputs,
+                                 const std::vector<Arg>& outputs, const GpuSpec& gpu,
+                                 const FeatureOptions& opts) {
+  return compute_features(op_name, inputs, outputs, gpu, opts);
+}
+
+// Whether the table has a rule for the op (after dropping an overload suffix and, for an
+// in-place op, its trailing underscore). Composite ops have a rule (it throws).
+bool has_feature_rule(const std::string& op_name);
+
+// Whether the op is a composite whose kernels are the ops it calls (aten::linear -> addmm,
+// aten::scaled_dot_product_attention -> a fused kernel): the cut must cost those, not it.
+bool is_composite_op(const std::string& op_name);
+
+// Bytes per element of a c10::ScalarType code (sub-byte types round up to 1). Throws for an
+// unknown code.
+int64_t dtype_itemsize(int dtype);
+
+// Peak FLOP/s the math mode runs at on `gpu` (dtype picks the rate for kOther: FP64 or FP32).
+double peak_flops_for(MathMode mode, int dtype, const GpuSpec& gpu);
+
+const char* unit_kind_name(UnitKind kind);   // "gemm", "conv", ..., "other"
+const char* math_mode_name(MathMode mode);   // "fp32_simt", "tf32", "bf16_tc", ..., "other"
+
+// The numeric features in a fixed order (enums as their integer codes, bools as 0/1): the
+// binding's dict and the tree models' input vector both come from this one list.
+std::vector<std::pair<const char*, double>> feature_values(const UnitFeatures& f);
+
+}  // namespace blink
