@@ -284,14 +284,22 @@ class Trace:
 
     def summary(self, max_rows: int = 30) -> str:
         user = self.user_ops()
+        ops = self.ops
+        # Each op's nearest user-op ancestor, so storage events can be charged to it.
+        owner: dict[int, int] = {op.id: op.id for op in user}
+        for op in ops:
+            if op.id not in owner and op.parent >= 0 and op.parent in owner:
+                owner[op.id] = owner[op.parent]
+        new_bytes: Counter[str] = Counter()
+        for ev in self.allocations:
+            if not ev.is_free and ev.op in owner:
+                new_bytes[ops[owner[ev.op]].name] += ev.nbytes
         per: dict[str, list[int]] = {}
-        out_bytes: Counter[str] = Counter()
         for op in user:
-            row = per.setdefault(op.name, [0, 0, 0])
-            row[_PHASE_CODE[op.phase]] += 1
-            out_bytes[op.name] += sum(t.nbytes for t in op.tensors("outputs"))
+            per.setdefault(op.name, [0, 0, 0])[_PHASE_CODE[op.phase]] += 1
         rows = sorted(per.items(), key=lambda kv: (-sum(kv[1]), kv[0]))
-        head = ", ".join(f"{k}={v}" for k, v in self.meta.items() if k in _SUMMARY_META)
+        head = ", ".join(f"{k}={v}" for k, v in self.meta.items()
+                         if k in _SUMMARY_META and v is not None)
         resident = sum(self.external_storages.values())
         lines = [
             f"blink trace{(' (' + head + ')') if head else ''}",
@@ -299,15 +307,16 @@ class Trace:
             f"{sum(1 for e in self.allocations if not e.is_free)} storages allocated; "
             f"peak live {_fmt_bytes(self.live_bytes_peak())} + resident {_fmt_bytes(resident)}",
             "",
-            f"{'op':<44} {'calls':>7} {'fwd':>7} {'bwd':>7} {'opt':>7} {'out bytes':>11}",
+            f"{'op':<44} {'calls':>7} {'fwd':>7} {'bwd':>7} {'opt':>7} {'allocated':>11}",
             "-" * 87,
         ]
         for name, (f, b, o) in rows[:max_rows]:
             lines.append(
-                f"{name:<44} {f + b + o:>7} {f:>7} {b:>7} {o:>7} {_fmt_bytes(out_bytes[name]):>11}"
+                f"{name:<44} {f + b + o:>7} {f:>7} {b:>7} {o:>7} {_fmt_bytes(new_bytes[name]):>11}"
             )
         if len(rows) > max_rows:
             lines.append(f"... {len(rows) - max_rows} more op kinds")
+        lines.append("allocated = bytes of new storages made by each op kind (views make none)")
         return "\n".join(lines)
 
     def __str__(self) -> str:
