@@ -669,12 +669,20 @@ Tiling f_embedding_backward(const Ctx& c, const Rule&, UnitFeatures& f) {
 // variant first copies self.
 Tiling f_scatter(const Ctx& c, const Rule& r, UnitFeatures& f) {
   const TensorInfo& self = need_tensor(c, r.p0, "self");
-  const TensorInfo& src = need_tensor(c, r.p2, "source");
   ByteSet rd;
-  for_each_tensor(c.in[static_cast<size_t>(r.p1)], [&](const TensorInfo& t) { rd.add(t); });
-  rd.add(src);
+  int64_t n_idx = 0;
+  if (r.p1 < static_cast<int>(c.in.size())) {
+    for_each_tensor(c.in[static_cast<size_t>(r.p1)], [&](const TensorInfo& t) {
+      rd.add(t);
+      n_idx = std::max(n_idx, numel_of(t));
+    });
+  }
+  // scatter.value has a scalar source: one store per index then.
+  const TensorInfo* src = tensor_at(c.in, r.p2);
+  if (src != nullptr) rd.add(*src);
+  const int64_t n_src = src != nullptr ? numel_of(*src) : n_idx;
   const double touched =
-      static_cast<double>(numel_of(src)) * static_cast<double>(dtype_itemsize(self.dtype));
+      static_cast<double>(n_src) * static_cast<double>(dtype_itemsize(self.dtype));
   f.bytes_read = rd.bytes() + touched;
   f.bytes_written = touched;
   const TensorInfo* o = first_output(c);
@@ -684,9 +692,9 @@ Tiling f_scatter(const Ctx& c, const Rule& r, UnitFeatures& f) {
     f.kernels = 2;
   }
   f.numel = numel_of(self);
-  f.flops = r.per_elem * static_cast<double>(numel_of(src));
+  f.flops = r.per_elem * static_cast<double>(n_src);
   f.dtype = self.dtype;
-  return elementwise_tiling(static_cast<double>(numel_of(src)));
+  return elementwise_tiling(static_cast<double>(n_src));
 }
 
 // Kernel launches of ATen's multi_tensor_apply (MultiTensorApply.cuh): a launch whenever the
@@ -924,7 +932,7 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       {"aten::scatter", R(K::kEmbedding, f_scatter, 0, 0, 2, 3)},
       // --- Copies (p0 = destination input, -1 when the op allocates): bytes only.
       {"aten::copy_", R(K::kCopy, f_copy, 0, 0)},
-      {"aten::copy", R(K::kCopy, f_copy, 0, -1)},
+      {"aten::copy", R(K::kCopy, f_copy, 0, 0)},          // functional copy_: src into new
       {"aten::_copy_from", R(K::kCopy, f_copy, 0, 1)},
       {"aten::_to_copy", R(K::kCopy, f_copy, 0, -1)},
       {"aten::clone", R(K::kCopy, f_copy, 0, -1)},
@@ -1377,6 +1385,7 @@ UnitFeatures compute_features(const std::string& op_name, const std::vector<Arg>
     f.kind = K::kOther;
     tiling = f_generic(c, R(K::kOther, f_generic), f);
   }
+  f.backward = op_name.find("backward") != std::string::npos;
   if (f.numel == 0) f.numel = largest_numel(outputs);
   if (f.dtype < 0) f.dtype = has_tensor(outputs) ? largest_dtype(outputs) : largest_dtype(inputs);
   f.math_mode = decide_math(c, f.kind, f.dtype);
@@ -1395,6 +1404,7 @@ std::vector<std::pair<const char*, double>> feature_values(const UnitFeatures& f
   return {
       {"kind", d(static_cast<int64_t>(f.kind))},
       {"matched", f.matched ? 1.0 : 0.0},
+      {"backward", f.backward ? 1.0 : 0.0},
       {"flops", f.flops},
       {"bytes_read", f.bytes_read},
       {"bytes_written", f.bytes_written},

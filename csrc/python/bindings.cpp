@@ -7,6 +7,8 @@
 #include "../torch/tracer.h"
 #include "blink/alloc_sim.h"
 #include "blink/error.h"
+#include "blink/features.h"
+#include "blink/roofline.h"
 #include "blink/trace_types.h"
 
 namespace py = pybind11;
@@ -98,6 +100,42 @@ py::dict stats_dict(const AllocSimStats& s) {
   d["num_ooms"] = s.num_ooms;
   d["num_alloc_retries"] = s.num_alloc_retries;
   return d;
+}
+
+// The inverse of arg_tuple: the raw trace format back into core records.
+TensorInfo tensor_from_python(py::handle h) {
+  py::tuple v = h.cast<py::tuple>();
+  TensorInfo t;
+  t.sizes = v[0].cast<std::vector<int64_t>>();
+  t.strides = v[1].cast<std::vector<int64_t>>();
+  t.storage_offset = v[2].cast<int64_t>();
+  t.storage = v[3].cast<int64_t>();
+  t.storage_nbytes = v[4].cast<int64_t>();
+  t.dtype = v[5].cast<int16_t>();
+  t.device_type = v[6].cast<int8_t>();
+  t.requires_grad = v[7].cast<bool>();
+  return t;
+}
+
+Arg arg_from_python(py::handle h) {
+  py::tuple tup = h.cast<py::tuple>();
+  Arg a;
+  a.kind = static_cast<ArgKind>(tup[0].cast<int>());
+  py::object v = tup[1];
+  switch (a.kind) {
+    case ArgKind::kTensor: a.tensors.push_back(tensor_from_python(v)); break;
+    case ArgKind::kTensorList:
+      for (py::handle e : v) a.tensors.push_back(e.is_none() ? TensorInfo{} : tensor_from_python(e));
+      break;
+    case ArgKind::kInt: a.i = v.cast<int64_t>(); break;
+    case ArgKind::kBool: a.i = v.cast<bool>() ? 1 : 0; break;
+    case ArgKind::kDouble: a.d = v.cast<double>(); break;
+    case ArgKind::kString: case ArgKind::kOther: a.s = v.cast<std::string>(); break;
+    case ArgKind::kIntList: a.ints = v.cast<std::vector<int64_t>>(); break;
+    case ArgKind::kDoubleList: a.doubles = v.cast<std::vector<double>>(); break;
+    default: break;
+  }
+  return a;
 }
 
 AllocSimOptions sim_options(bool expandable_segments, int64_t capacity_bytes) {
@@ -197,4 +235,41 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return stats_dict(stats);
       },
       py::arg("events"), py::arg("expandable_segments") = false, py::arg("capacity_bytes") = 0);
+
+  py::class_<GpuSpec>(m, "GpuSpec")
+      .def(py::init([](std::string name, int sm_count, double clock_hz, double mem_bw, double l2_bytes,
+                       double peak_fp32, double peak_tf32, double peak_bf16, double peak_fp16,
+                       double peak_fp8, int cc_major, int cc_minor) {
+             GpuSpec g;
+             g.name = name; g.sm_count = sm_count; g.clock_hz = clock_hz; g.mem_bw = mem_bw;
+             g.l2_bytes = l2_bytes; g.peak_fp32 = peak_fp32; g.peak_tf32 = peak_tf32;
+             g.peak_bf16 = peak_bf16; g.peak_fp16 = peak_fp16; g.peak_fp8 = peak_fp8;
+             g.cc_major = cc_major; g.cc_minor = cc_minor;
+             return g;
+           }),
+           py::arg("name"), py::arg("sm_count"), py::arg("clock_hz"), py::arg("mem_bw"),
+           py::arg("l2_bytes"), py::arg("peak_fp32"), py::arg("peak_tf32"), py::arg("peak_bf16"),
+           py::arg("peak_fp16"), py::arg("peak_fp8"), py::arg("cc_major"), py::arg("cc_minor"));
+  m.def("features_for",
+        [](const std::string& op, py::list inputs, py::list outputs, const GpuSpec& g,
+           bool allow_tf32_matmul, bool allow_tf32_cudnn) {
+          std::vector<Arg> in, out;
+          for (py::handle h : inputs) in.push_back(arg_from_python(h));
+          for (py::handle h : outputs) out.push_back(arg_from_python(h));
+          FeatureOptions o;
+          o.allow_tf32_matmul = allow_tf32_matmul;
+          o.allow_tf32_cudnn = allow_tf32_cudnn;
+          UnitFeatures f = features_for(op, in, out, g, o);
+          py::dict d;
+          for (const auto& kv : feature_values(f)) d[kv.first] = kv.second;
+          d["kind"] = unit_kind_name(f.kind);
+          d["math_mode"] = math_mode_name(f.math_mode);
+          for (const char* k : {"matched", "backward", "trans_a", "trans_b", "transposed", "causal"})
+            d[k] = d[k].cast<double>() != 0.0;
+          d["analytic_time_s"] = analytic_time_s(f, g);
+          d["host_dispatch_time_s"] = host_dispatch_time_s(op);
+          return d;
+        },
+        py::arg("op_name"), py::arg("inputs"), py::arg("outputs"), py::arg("gpu"),
+        py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true);
 }

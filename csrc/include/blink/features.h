@@ -69,7 +69,8 @@ struct FeatureOptions {
 
 struct UnitFeatures {
   UnitKind kind = UnitKind::kOther;
-  bool matched = false;  // false: no rule for the op, the generic fallback was used
+  bool matched = false;   // false: no rule for the op, the generic fallback was used
+  bool backward = false;  // a gradient op (its name says "backward")
   double flops = 0.0;
   double bytes_read = 0.0;
   double bytes_written = 0.0;
@@ -96,6 +97,8 @@ struct UnitFeatures {
   bool causal = false;
 
   // Reductions, normalisations, softmax: `outer` independent rows of `inner` elements each.
+  // Gathers / embedding: outer = indices, inner = elements per index. Losses: outer = targets,
+  // inner = classes. _foreach_* / fused optimizers: outer = tensors in the list.
   int64_t outer = 0, inner = 0;
 
   int64_t numel = 0;  // elements of the largest output (summed over a tensor list)

@@ -1,0 +1,349 @@
+"""Per-unit features of the C++ cost engine, blink._C.features_for (csrc/core/features.cpp).
+
+Arguments are built in the trace's raw format (the tuples blink._C hands to blink.trace): each
+argument is (kind, value) with kind in blink::ArgKind order and a tensor value
+(sizes, strides, storage_offset, storage, storage_nbytes, dtype_code, device_type, requires_grad).
+Every expected number is derived in the test from the shapes; FLOPs of GEMMs, convolutions and
+attention are also checked against blink/flops.py on the same arguments.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from blink import _C, hardware
+from blink.errors import BlinkError
+
+if not hasattr(_C, "features_for"):
+    pytest.skip("blink._C.features_for is not bound yet", allow_module_level=True)
+
+# blink.trace the module (the package re-exports a function of the same name)
+trace = importlib.import_module("blink.trace")  # noqa: E402
+flops = importlib.import_module("blink.flops")  # noqa: E402
+
+# blink::ArgKind
+NONE, TENSOR, TENSOR_LIST, INT, DOUBLE, BOOL, STRING, INT_LIST = 0, 1, 2, 3, 4, 5, 6, 7
+# c10::ScalarType codes (checked against torch in test_dtype_codes_match_torch)
+U8, I64, F16, F32, F64, BOOLT, BF16, E4M3 = 0, 4, 5, 6, 7, 11, 15, 24
+CUDA = 1
+
+KINDS = ["gemm", "conv", "attention", "norm", "softmax", "reduction", "elementwise",
+         "embedding", "copy", "optimizer", "loss", "other"]
+MATH = ["fp32_simt", "tf32", "bf16_tc", "fp16_tc", "fp8_tc", "other"]
+
+_next_storage = [0]
+
+
+def contiguous(sizes):
+    strides, acc = [], 1
+    for s in reversed(sizes):
+        strides.append(acc)
+        acc *= s
+    return tuple(reversed(strides))
+
+
+def tensor(sizes, dtype=F32, strides=None, storage=None):
+    """A raw tensor value; each call is a new storage unless one is given."""
+    if storage is None:
+        _next_storage[0] += 1
+        storage = _next_storage[0]
+    sizes = tuple(sizes)
+    strides = tuple(strides) if strides is not None else contiguous(sizes)
+    return (sizes, strides, 0, storage, 0, dtype, CUDA, False)
+
+
+def t(sizes, dtype=F32, strides=None):
+    return (TENSOR, tensor(sizes, dtype, strides))
+
+
+def tl(values):
+    return (TENSOR_LIST, list(values))
+
+
+def i(v):
+    return (INT, v)
+
+
+def d(v):
+    return (DOUBLE, float(v))
+
+
+def b(v):
+    return (BOOL, bool(v))
+
+
+def il(v):
+    return (INT_LIST, list(v))
+
+
+none = (NONE, None)
+
+
+def gpu(name):
+    g = hardware.get_gpu(name)
+    pk = {k: float(v or 0.0) for k, v in g.peak_flops.items()}
+    return _C.GpuSpec(
+        name=g.name, sm_count=g.sm_count, clock_hz=g.boost_clock_mhz * 1e6,
+        mem_bw=float(g.memory_bandwidth_bytes_per_s), l2_bytes=float(g.l2_bytes),
+        peak_fp32=pk["fp32"], peak_tf32=pk.get("tf32", 0.0), peak_bf16=pk.get("bf16", 0.0),
+        peak_fp16=pk["fp16"], peak_fp8=pk.get("fp8", 0.0),
+        cc_major=g.compute_capability[0], cc_minor=g.compute_capability[1],
+    )
+
+
+H100, H200, A100 = gpu("H100-SXM"), gpu("H200"), gpu("A100-80GB")
+
+
+def feats(name, inputs, outputs, g=H100, **kw):
+    return _C.features_for(name, list(inputs), list(outputs), g, **kw)
+
+
+def kind(f):
+    return f["kind"] if isinstance(f["kind"], str) else KINDS[int(f["kind"])]
+
+
+def math_mode(f):
+    m = f["math_mode"]
+    return m if isinstance(m, str) else MATH[int(m)]
+
+
+def python_flops(name, inputs, outputs):
+    """blink/flops.py on the same raw arguments, through blink.trace's own conversion."""
+    op = trace.Op(0, name, "", -1, None, "forward", -1, 0, 0,
+                  tuple(trace._value(a) for a in inputs), tuple(trace._value(a) for a in outputs))
+    return flops.op_flops(op)
+
+
+# ---- dtypes ------------------------------------------------------------------------------
+
+
+def test_dtype_codes_match_torch():
+    for dt, code in [(torch.uint8, U8), (torch.int64, I64), (torch.float16, F16),
+                     (torch.float32, F32), (torch.float64, F64), (torch.bool, BOOLT),
+                     (torch.bfloat16, BF16), (torch.float8_e4m3fn, E4M3)]:
+        assert _C.scalar_type_of(torch.empty(0, dtype=dt, device="meta")) == code
+
+
+def test_itemsize_of_every_torch_dtype():
+    # An unknown op reads its tensors: a one-element tensor reads itemsize bytes.
+    for code, name in trace._dtype_table().items():
+        dt = getattr(torch, name)
+        f = feats("aten::no_such_op", [t((1,), code)], [])
+        assert f["bytes_read"] == max(dt.itemsize, 1), name
+
+
+# ---- GEMM ----------------------------------------------------------------------------------
+
+
+def test_mm_flops_bytes_layout_and_tiles():
+    M, K, N = 4096, 1024, 2048
+    a, bm, c = t((M, K), F16), t((K, N), F16), t((M, N), F16)
+    f = feats("aten::mm", [a, bm], [c])
+    assert kind(f) == "gemm"
+    assert f["flops"] == 2 * M * N * K
+    assert f["bytes_read"] + f["bytes_written"] == (M * K + K * N + M * N) * 2
+    assert (f["m"], f["n"], f["k"], f["batch"]) == (M, N, K, 1)
+    assert not f["trans_a"] and not f["trans_b"]
+    assert math_mode(f) == "fp16_tc"
+    assert f["tiles"] == (M // 128) * (N // 128)
+    assert f["waves"] == math.ceil(f["tiles"] / 132)
+    assert f["compute_time_s"] == pytest.approx(2 * M * N * K / 989.4e12)
+    assert f["memory_time_s"] == pytest.approx((M * K + K * N + M * N) * 2 / 3.35e12)
+    assert f["roofline_time_s"] == max(f["compute_time_s"], f["memory_time_s"])
+    # the transpose of a contiguous (N, K) weight: last dim not contiguous
+    ft = feats("aten::mm", [a, t((K, N), F16, strides=(1, K))], [c])
+    assert ft["trans_b"] and not ft["trans_a"]
+
+
+def test_addmm_reads_bias_and_out_destination_is_not_read():
+    M, K, N = 256, 512, 1024
+    bias, a, w, c = t((N,), F16), t((M, K), F16), t((K, N), F16), t((M, N), F16)
+    f = feats("aten::addmm", [bias, a, w, d(1), d(1)], [c])
+    assert f["flops"] == 2 * M * N * K
+    assert f["bytes_read"] == (N + M * K + K * N) * 2
+    fo = feats("aten::mm.out", [a, w, c], [c])
+    assert fo["bytes_read"] == (M * K + K * N) * 2
+    assert fo["bytes_written"] == M * N * 2
+
+
+@pytest.mark.parametrize("name,inputs,outputs", [
+    ("aten::mm", [t((64, 32), F16), t((32, 16), F16)], [t((64, 16), F16)]),
+    ("aten::addmm", [t((16,), F16), t((64, 32), F16), t((32, 16), F16)], [t((64, 16), F16)]),
+    ("aten::bmm", [t((12, 128, 64), BF16), t((12, 64, 128), BF16)], [t((12, 128, 128), BF16)]),
+    ("aten::baddbmm", [t((12, 128, 128), F32), t((12, 128, 64), F32), t((12, 64, 128), F32)],
+     [t((12, 128, 128), F32)]),
+    ("aten::convolution",
+     [t((8, 64, 56, 56), F16), t((128, 16, 3, 3), F16), none, il((1, 1)), il((1, 1)), il((1, 1)),
+      b(False), il((0, 0)), i(4)], [t((8, 128, 56, 56), F16)]),
+    ("aten::convolution",
+     [t((8, 64, 28, 28), F16), t((64, 32, 4, 4), F16), none, il((2, 2)), il((1, 1)), il((1, 1)),
+      b(True), il((0, 0)), i(1)], [t((8, 32, 56, 56), F16)]),
+    ("aten::_scaled_dot_product_flash_attention",
+     [t((2, 16, 1024, 64), F16), t((2, 16, 1024, 64), F16), t((2, 16, 1024, 64), F16), d(0),
+      b(True), b(False), none], [t((2, 16, 1024, 64), F16), t((2, 16, 1024), F32)]),
+    ("aten::_scaled_dot_product_efficient_attention",
+     [t((2, 16, 512, 64), BF16), t((2, 4, 512, 64), BF16), t((2, 4, 512, 128), BF16), none,
+      b(True), d(0), b(False), none], [t((2, 16, 512, 128), BF16), t((2, 16, 512), F32)]),
+    ("aten::_scaled_dot_product_flash_attention_backward",
+     [t((2, 8, 256, 64), F16), t((2, 8, 256, 64), F16), t((2, 8, 256, 64), F16),
+      t((2, 8, 256, 64), F16), t((2, 8, 256, 64), F16), t((2, 8, 256), F32), none, none, i(256),
+      i(256), d(0), b(False), t((2,), I64), t((0,), U8), none],
+     [t((2, 8, 256, 64), F16), t((2, 8, 256, 64), F16), t((2, 8, 256, 64), F16)]),
+])
+def test_flops_agree_with_blink_flops(name, inputs, outputs):
+    assert feats(name, inputs, outputs)["flops"] == python_flops(name, inputs, outputs)
+
+
+def test_tf32_flags_pick_the_math_mode():
+    a, w, c = t((512, 512)), t((512, 512)), t((512, 512))
+    assert math_mode(feats("aten::mm", [a, w], [c])) == "fp32_simt"
+    assert math_mode(feats("aten::mm", [a, w], [c], allow_tf32_matmul=True)) == "tf32"
+    conv_in = [t((8, 64, 32, 32)), t((64, 64, 3, 3)), none, il((1, 1)), il((1, 1)), il((1, 1)),
+               b(False), il((0, 0)), i(1)]
+    out = [t((8, 64, 32, 32))]
+    assert math_mode(feats("aten::convolution", conv_in, out)) == "tf32"  # cuDNN default
+    no_tf32 = feats("aten::convolution", conv_in, out, allow_tf32_cudnn=False)
+    assert math_mode(no_tf32) == "fp32_simt"
+
+
+def test_fp8_gemm_on_a100_is_an_error():
+    args = [t((64, 64), E4M3), t((64, 64), E4M3, strides=(1, 64)), t((), F32), t((), F32)]
+    assert math_mode(feats("aten::_scaled_mm", args, [t((64, 64), BF16)])) == "fp8_tc"
+    with pytest.raises(BlinkError, match="A100"):
+        feats("aten::_scaled_mm", args, [t((64, 64), BF16)], g=A100)
+
+
+def test_composite_ops_are_not_units():
+    with pytest.raises(BlinkError, match="composite"):
+        feats("aten::linear", [t((4, 8)), t((16, 8)), none], [t((4, 16))])
+
+
+# ---- convolution ---------------------------------------------------------------------------
+
+
+def test_conv_geometry_groups_and_implicit_gemm():
+    x, w, y = t((8, 64, 56, 56), F16), t((128, 16, 3, 3), F16), t((8, 128, 28, 28), F16)
+    f = feats("aten::convolution",
+              [x, w, none, il((2, 2)), il((1, 1)), il((1, 1)), b(False), il((0, 0)), i(4)], [y])
+    assert kind(f) == "conv"
+    assert (f["conv_n"], f["conv_c"], f["conv_h"], f["conv_w"]) == (8, 64, 56, 56)
+    assert (f["conv_k"], f["conv_r"], f["conv_s"], f["groups"]) == (128, 3, 3, 4)
+    assert (f["stride_h"], f["pad_w"], f["out_h"], f["out_w"]) == (2, 1, 28, 28)
+    assert f["flops"] == 2 * 8 * 28 * 28 * 128 * 16 * 9
+    assert (f["m"], f["n"], f["k"], f["batch"]) == (8 * 28 * 28, 32, 16 * 9, 4)
+    assert f["bytes_read"] == (8 * 64 * 56 * 56 + 128 * 16 * 9) * 2
+
+
+def test_conv_backward_counts_requested_gradients():
+    go, x, w = t((8, 128, 56, 56), F16), t((8, 64, 56, 56), F16), t((128, 64, 3, 3), F16)
+    one = 2 * 8 * 56 * 56 * 128 * 64 * 9
+
+    def run(mask, outs):
+        return feats("aten::convolution_backward",
+                     [go, x, w, il((128,)), il((1, 1)), il((1, 1)), il((1, 1)), b(False),
+                      il((0, 0)), i(1), il(mask)], outs)
+
+    full = run((1, 1, 1), [t((8, 64, 56, 56), F16), t((128, 64, 3, 3), F16), t((128,), F16)])
+    assert full["flops"] == 2 * one and full["kernels"] == 3 and full["backward"]
+    wgrad = run((0, 1, 0), [none, t((128, 64, 3, 3), F16), none])
+    assert wgrad["flops"] == one and wgrad["bytes_written"] == 128 * 64 * 9 * 2
+
+
+# ---- attention -----------------------------------------------------------------------------
+
+
+def test_sdpa_bytes_have_no_score_matrix():
+    B, H, L, D = 2, 16, 4096, 64
+    q = [t((B, H, L, D), F16) for _ in range(3)]
+    out, lse = t((B, H, L, D), F16), t((B, H, L), F32)
+    f = feats("aten::_scaled_dot_product_flash_attention", [*q, d(0), b(True), b(False), none],
+              [out, lse, none, none, i(L), i(L), t((2,), I64), t((0,), U8), t((0,), F16)])
+    assert kind(f) == "attention" and f["causal"]
+    assert f["bytes_read"] == 3 * B * H * L * D * 2
+    assert f["bytes_written"] == B * H * L * D * 2 + B * H * L * 4
+    assert f["bytes_read"] + f["bytes_written"] < B * H * L * L  # far below one L x L matrix
+    assert (f["m"], f["n"], f["k"], f["batch"]) == (L, L, D, B * H)
+
+
+# ---- row-wise, element-wise, memory ops ------------------------------------------------------
+
+
+def test_layer_norm_rows_and_bytes():
+    x, w, bb = t((32, 128, 768), F16), t((768,), F16), t((768,), F16)
+    outs = [t((32, 128, 768), F16), t((32, 128, 1), F32), t((32, 128, 1), F32)]
+    f = feats("aten::native_layer_norm", [x, il((768,)), w, bb, d(1e-5)], outs)
+    assert kind(f) == "norm" and (f["outer"], f["inner"]) == (32 * 128, 768)
+    assert f["bytes_read"] == (32 * 128 * 768 + 2 * 768) * 2
+    assert f["bytes_written"] == 32 * 128 * 768 * 2 + 2 * 32 * 128 * 4
+
+
+def test_softmax_rows():
+    x = t((8, 12, 512, 256), F16)
+    f = feats("aten::_softmax", [x, i(-1), b(False)], [t((8, 12, 512, 256), F16)])
+    assert kind(f) == "softmax" and (f["outer"], f["inner"]) == (8 * 12 * 512, 256)
+
+
+def test_elementwise_broadcast_input_is_read_once():
+    x, y = t((64, 1024)), t((64, 1024))
+    expect = (64 * 1024 + 1024) * 4
+    assert feats("aten::add.Tensor", [x, t((1024,)), d(1)], [y])["bytes_read"] == expect
+    # the same bias already expanded to (64, 1024) with a stride-0 dim
+    f = feats("aten::add.Tensor", [x, t((64, 1024), strides=(0, 1)), d(1)], [y])
+    assert f["bytes_read"] == expect and f["bytes_written"] == 64 * 1024 * 4
+    assert kind(f) == "elementwise" and f["numel"] == 64 * 1024 and f["flops"] == 64 * 1024
+    same = tensor((64, 1024))
+    assert feats("aten::mul", [(TENSOR, same), (TENSOR, same)], [y])["bytes_read"] == 64 * 1024 * 4
+
+
+def test_copy_and_embedding_bytes():
+    dst, src = tensor((64, 1024)), tensor((64, 1024), F16, strides=(1, 64))
+    f = feats("aten::copy_", [(TENSOR, dst), (TENSOR, src), b(False)], [(TENSOR, dst)])
+    assert kind(f) == "copy" and f["flops"] == 0
+    assert (f["bytes_read"], f["bytes_written"]) == (64 * 1024 * 2, 64 * 1024 * 4)
+    # contiguous() of a contiguous tensor returns it: no kernel
+    f = feats("aten::contiguous", [(TENSOR, dst), i(0)], [(TENSOR, dst)])
+    assert f["kernels"] == 0 and f["bytes_read"] == 0
+    # embedding reads the looked-up rows, not the table
+    table, idx = t((50257, 768), F16), t((8, 512), I64)
+    f = feats("aten::embedding", [table, idx, i(-1), b(False), b(False)], [t((8, 512, 768), F16)])
+    assert kind(f) == "embedding"
+    assert f["bytes_read"] == 8 * 512 * 8 + 8 * 512 * 768 * 2
+
+
+def test_fused_adamw_sums_over_lists():
+    sizes = [768 * 768, 768] * 10
+    lists = [[tensor((n,)) for n in sizes] for _ in range(4)]
+    steps = [tensor(()) for _ in sizes]
+    f = feats("aten::_fused_adamw_",
+              [tl(lists[0]), tl(lists[1]), tl(lists[2]), tl(lists[3]), tl([]), tl(steps),
+               d(1e-3), d(0.9), d(0.999), d(0.01), d(1e-8), b(False), b(False), none, none], [])
+    total = sum(sizes)
+    assert kind(f) == "optimizer" and f["numel"] == total
+    assert f["bytes_read"] == 4 * total * 4 + len(sizes) * 4
+    assert f["bytes_written"] == 3 * total * 4
+    assert f["kernels"] >= 1
+
+
+def test_unknown_op_falls_back_to_tensor_bytes():
+    f = feats("aten::no_such_op", [t((1000,))], [t((1000,))])
+    assert kind(f) == "other" and not f["matched"] and f["flops"] == 0
+    assert f["bytes_read"] + f["bytes_written"] == 8000
+
+
+# ---- roofline --------------------------------------------------------------------------------
+
+
+def test_roofline_bandwidth_and_peaks():
+    n = 1 << 26
+    args = ([t((n,)), t((n,))], [t((n,))])
+    h100, h200 = feats("aten::add", *args, g=H100), feats("aten::add", *args, g=H200)
+    assert h200["memory_time_s"] < h100["memory_time_s"]  # H200: 4.8 vs 3.35 TB/s
+    assert h100["memory_time_s"] / h200["memory_time_s"] == pytest.approx(4.8 / 3.35)
+    gemm = ([t((8192, 8192), F16), t((8192, 8192), F16)], [t((8192, 8192), F16)])
+    g100, g200 = feats("aten::mm", *gemm, g=H100), feats("aten::mm", *gemm, g=H200)
+    assert g100["compute_time_s"] > g100["memory_time_s"]  # compute-bound
+    assert g100["roofline_time_s"] == pytest.approx(g200["roofline_time_s"])  # equal peaks
+    assert g100["tiles"] == 4096 and g100["waves"] == 32
