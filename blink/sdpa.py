@@ -15,13 +15,14 @@ tensors always take the math path), so this module re-implements it for a *targe
 
 The rules are those of the CUDA 13 wheels of torch 2.11, 2.12, 2.13 and 2.14 (``torch_version``
 selects them; the default is the running torch). They were checked case by case against the
-C++ ``select_sdp_backend`` of each of those wheels, run on a faked device (see
-``tests/test_sdpa.py``). Differences between versions:
+C++ ``select_sdp_backend`` of each of those wheels, run on a faked device (the golden test in
+``tests/test_sdpa.py``, made by ``scripts/sdpa_oracle/``). Differences between versions:
 
 * priority: the default order is flash, efficient, math, cudnn (so cuDNN is never reached while
   math is enabled), but ``check_prefer_cudnn_attention`` puts cuDNN first when the runtime cuDNN
   is newer than 9.15.0 on sm90 / sm10x; 2.11-2.12 require minor 0 or 3 (sm90, sm100, sm103),
-  2.13+ CUDA>=13 builds take any 10.x minor. ``TORCH_CUDNN_SDPA_DEPRIORITIZED=1`` turns it off.
+  2.13+ CUDA>=13 builds take any 10.x minor. ``TORCH_CUDNN_SDPA_DEPRIORITIZED=1`` turns it off,
+  and an order set with ``sdpa_kernel(..., set_priority=True)`` replaces it.
 * 2.12+: cuDNN needs a dropout that is a multiple of 1/16 (``check_cudnn_dropout``).
 * 2.13+: cuDNN needs batch and heads <= 65535; mem-efficient needs q/k/v storage offsets aligned
   on sm80+ (``check_data_ptr_alignment_mem_efficient``).
@@ -580,15 +581,36 @@ def _priority_order(cc: tuple[int, int], env: _Env) -> tuple[str, ...]:
     return _CUDNN_FIRST_ORDER if _prefers_cudnn(cc, env) else _DEFAULT_ORDER
 
 
-def _normalize_priority(priority: Sequence[str]) -> tuple[str, ...]:
-    order = []
+# at::SDPBackend values, as returned by torch._C._get_sdp_priority_order().
+_BACKEND_IDS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}
+_UNTOUCHED_ORDER = [1, 2, 0, 3, 4]
+
+
+def _user_priority() -> tuple[str, ...] | None:
+    """The order set with ``sdpa_kernel(..., set_priority=True)`` in this process, if any."""
+    getter = getattr(torch._C, "_get_sdp_priority_order", None)
+    if getter is None:
+        return None
+    ids = list(getter())
+    if ids == _UNTOUCHED_ORDER:
+        return None
+    return tuple(_BACKEND_IDS[i] for i in ids if i in _BACKEND_IDS)
+
+
+def _normalize_priority(priority: Sequence[object], fallback: Sequence[str]) -> tuple[str, ...]:
+    # sdpa_kernel(set_priority=True) appends the backends it was not given in their old order.
+    order: list[str] = []
     for name in priority:
-        key = _ENABLED_ALIASES.get(str(name).lower().replace("sdpbackend.", ""))
+        if isinstance(name, int) or hasattr(name, "value"):
+            key = _BACKEND_IDS.get(int(getattr(name, "value", name)))  # type: ignore[arg-type]
+        else:
+            text = str(name).lower().rsplit(".", 1)[-1]
+            key = _ENABLED_ALIASES.get(text)
         if key is None:
             raise ConfigError(f"unknown SDPA backend {name!r} in priority; use {SDPA_BACKENDS}")
         if key not in order:
             order.append(key)
-    return tuple(order)
+    return tuple(order) + tuple(b for b in fallback if b not in order)
 
 
 def _as_tuple(values: Sequence[int] | None, what: str) -> tuple[int, ...] | None:
@@ -761,7 +783,11 @@ def explain_sdpa_choice(
         "cudnn": _cudnn_reasons(p, env),
         "math": None if env.enabled["math"] else "disabled (enable_math_sdp(False))",
     }
-    order = _normalize_priority(priority) if priority is not None else _priority_order(p.cc, env)
+    order = _priority_order(p.cc, env)
+    if priority is None:
+        priority = _user_priority()
+    if priority is not None:
+        order = _normalize_priority(priority, order)
     # select_sdp_backend: the first backend in priority order whose checks all pass.
     for backend in order:
         if reasons[backend] is None:
