@@ -17,11 +17,13 @@ from .errors import (
     UnknownGPUError,
     UnknownModelError,
 )
+from .predict import Prediction, predict, predict_trace
 from .trace import Op, StorageEvent, TensorMeta, Trace, trace
 
 __version__ = "0.1.0"
 __all__ = [
     "BlinkError", "ConfigError", "DataDependentError", "MissingMetaKernelError", "Op",
+    "Prediction", "predict", "predict_trace",
     "StorageEvent", "TensorMeta", "Trace", "TraceError", "UnknownGPUError", "UnknownModelError",
     "__version__", "trace", "trace_model", "zoo",
 ]

@@ -34,6 +34,26 @@ def _cmd_trace(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_predict(a: argparse.Namespace) -> int:
+    from .predict import predict
+
+    p = predict(a.model, batch_size=a.batch_size, seq_len=a.seq_len, dtype=a.dtype, mode=a.mode,
+                optimizer=a.optimizer, gpu=a.gpu,
+                expandable_segments=True if a.expandable_segments else None)
+    if a.chrome_trace:
+        p.to_chrome_trace(a.chrome_trace)
+    if a.json is None:
+        print(p.table(max_rows=a.top))
+        if a.chrome_trace:
+            print(f"timeline written to {a.chrome_trace} (open in ui.perfetto.dev)")
+    elif a.json == "-":
+        sys.stdout.write(p.to_json() + "\n")
+    else:
+        p.to_json(a.json)
+        print(f"wrote {a.json}")
+    return 0
+
+
 def _cmd_models(a: argparse.Namespace) -> int:
     from .zoo import ZOO
 
@@ -60,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("trace", help="dry-run a model and print its op table")
     _add_run_args(p)
     p.set_defaults(func=_cmd_trace)
+    p = sub.add_parser("predict", help="predict time and memory on a target GPU")
+    _add_run_args(p)
+    p.add_argument("--expandable-segments", action="store_true",
+                   help="simulate PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    p.add_argument("--chrome-trace", metavar="PATH", default=None,
+                   help="also write the predicted timeline as a Chrome/Perfetto trace")
+    p.add_argument("--top", type=int, default=15, help="op rows in the table (default 15)")
+    p.set_defaults(func=_cmd_predict)
     sub.add_parser("models", help="list the model zoo").set_defaults(func=_cmd_models)
     sub.add_parser("gpus", help="list the known GPUs").set_defaults(func=_cmd_gpus)
     return parser

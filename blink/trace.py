@@ -26,7 +26,7 @@ import torch
 from . import _ext
 from .errors import BlinkError, DataDependentError, MissingMetaKernelError, TraceError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: op rows carry the has-a-CUDA-kernel flag
 PHASES = ("forward", "backward", "optimizer")
 _PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
 
@@ -124,6 +124,7 @@ class Op:
     depth: int
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
+    kernel: bool = False  # the op has its own CUDA kernel
     children: list[int] = field(default_factory=list)
 
     @property
@@ -191,8 +192,16 @@ class Trace:
     def _raw(self) -> dict[str, Any]:
         if self._raw_dict is None:
             self._raw_dict = self._native.to_python()
-            self._native = None
         return self._raw_dict
+
+    def native(self) -> Any:
+        """The C++ record (blink._C.RawTrace) the cost engine reads."""
+        if self._native is None:
+            try:
+                self._native = _C.trace_from_python(self._raw)
+            except (TypeError, ValueError, IndexError, RuntimeError) as exc:
+                raise BlinkError(f"the trace's records are malformed: {exc}") from exc
+        return self._native
 
     @property
     def ops(self) -> list[Op]:
@@ -202,11 +211,12 @@ class Trace:
             ops: list[Op] = []
             for r in self._raw["ops"]:
                 (oid, parent, name, overload, module, seq, phase, _scope, thread, depth,
-                 inputs, outputs) = r
+                 inputs, outputs, kernel) = r
                 ops.append(Op(
                     oid, names[name], names[overload], parent,
                     modules[module] if module >= 0 else None, PHASES[phase], seq, thread, depth,
                     tuple(_value(a) for a in inputs), tuple(_value(a) for a in outputs),
+                    bool(kernel),
                 ))
             for op in ops:
                 if op.parent >= 0:
@@ -224,14 +234,14 @@ class Trace:
     @property
     def external_storages(self) -> dict[int, int]:
         """Storages that existed before the trace (weights, inputs): id -> bytes."""
-        return {sid: n for sid, n in self._raw["externals"]}
+        return {e[0]: e[1] for e in self._raw["externals"]}
 
     @property
     def modules(self) -> list[str]:
         return list(self._raw["modules"])
 
     def __len__(self) -> int:
-        if self._raw_dict is None:
+        if self._raw_dict is None and self._native is not None:
             return int(self._native.num_ops())
         return len(self._raw_dict["ops"])
 
@@ -323,7 +333,7 @@ class Trace:
         return self.summary()
 
     def __repr__(self) -> str:
-        n = (self._native.num_allocs() if self._raw_dict is None
+        n = (self._native.num_allocs() if self._raw_dict is None and self._native is not None
              else len(self._raw_dict["allocs"]))
         return f"<blink.Trace {len(self)} ops, {n} storage events>"
 

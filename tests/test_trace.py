@@ -10,6 +10,7 @@ import torch
 
 import blink
 from blink import _C, TraceError
+from blink.trace import FORMAT_VERSION
 
 
 def _small() -> torch.nn.Module:
@@ -148,7 +149,7 @@ def test_json_errors(tmp_path):
     with pytest.raises(blink.BlinkError, match="invalid JSON"):
         blink.Trace.from_json(trunc)
     del doc["ops"]
-    doc["format_version"] = 1
+    doc["format_version"] = FORMAT_VERSION
     bad.write_text(json.dumps(doc))
     with pytest.raises(blink.BlinkError, match="missing ops"):
         blink.Trace.from_json(bad)

@@ -6,6 +6,7 @@
 
 #include "../torch/tracer.h"
 #include "blink/alloc_sim.h"
+#include "blink/cost_model.h"
 #include "blink/error.h"
 #include "blink/features.h"
 #include "blink/roofline.h"
@@ -72,14 +73,16 @@ py::dict trace_to_python(const TraceData& d) {
   for (const OpRecord& r : d.ops) {
     ops.append(py::make_tuple(r.id, r.parent, r.name, r.overload, r.module, r.seq_nr,
                               static_cast<int>(r.phase), static_cast<int>(r.scope), r.thread,
-                              r.depth, args_list(r.inputs), args_list(r.outputs)));
+                              r.depth, args_list(r.inputs), args_list(r.outputs), r.kernel));
   }
   py::list allocs;
   for (const AllocRecord& a : d.allocs) {
     allocs.append(py::make_tuple(a.storage, a.nbytes, a.op, a.is_free, a.thread));
   }
   py::list externals;
-  for (const ExternalStorage& e : d.externals) externals.append(py::make_tuple(e.storage, e.nbytes));
+  for (const ExternalStorage& e : d.externals) {
+    externals.append(py::make_tuple(e.storage, e.nbytes, e.device_type));
+  }
   py::dict out;
   out["ops"] = ops;
   out["allocs"] = allocs;
@@ -138,6 +141,83 @@ Arg arg_from_python(py::handle h) {
   return a;
 }
 
+// A trace read back from JSON (the dict trace_to_python makes) as core records.
+std::shared_ptr<TraceData> trace_from_python(const py::dict& d) {
+  auto t = std::make_shared<TraceData>();
+  t->names = d["names"].cast<std::vector<std::string>>();
+  t->modules = d["modules"].cast<std::vector<std::string>>();
+  for (py::handle h : d["ops"]) {
+    py::sequence r = h.cast<py::sequence>();
+    BLINK_CHECK(py::len(r) == 13, "trace op record has " + std::to_string(py::len(r)) +
+                                      " fields, expected 13 (format_version mismatch?)");
+    OpRecord op;
+    op.id = r[0].cast<int64_t>();
+    op.parent = r[1].cast<int64_t>();
+    op.name = r[2].cast<int32_t>();
+    op.overload = r[3].cast<int32_t>();
+    op.module = r[4].cast<int32_t>();
+    op.seq_nr = r[5].cast<int64_t>();
+    op.phase = static_cast<Phase>(r[6].cast<int>());
+    op.scope = static_cast<uint8_t>(r[7].cast<int>());
+    op.thread = r[8].cast<int32_t>();
+    op.depth = r[9].cast<int32_t>();
+    for (py::handle a : r[10]) op.inputs.push_back(arg_from_python(a));
+    for (py::handle a : r[11]) op.outputs.push_back(arg_from_python(a));
+    op.kernel = r[12].cast<bool>();
+    const size_t n = t->names.size();
+    BLINK_CHECK(op.id == static_cast<int64_t>(t->ops.size()) && op.parent < op.id &&
+                    op.name >= 0 && static_cast<size_t>(op.name) < n && op.overload >= 0 &&
+                    static_cast<size_t>(op.overload) < n,
+                "trace op record " + std::to_string(t->ops.size()) + " is inconsistent");
+    t->ops.push_back(std::move(op));
+  }
+  for (py::handle h : d["allocs"]) {
+    py::sequence r = h.cast<py::sequence>();
+    AllocRecord a;
+    a.storage = r[0].cast<int64_t>();
+    a.nbytes = r[1].cast<int64_t>();
+    a.op = r[2].cast<int64_t>();
+    a.is_free = r[3].cast<bool>();
+    a.thread = r[4].cast<int32_t>();
+    BLINK_CHECK(a.op < static_cast<int64_t>(t->ops.size()), "storage event names a missing op");
+    t->allocs.push_back(a);
+  }
+  for (py::handle h : d["externals"]) {
+    py::sequence r = h.cast<py::sequence>();
+    t->externals.push_back(ExternalStorage{r[0].cast<int64_t>(), r[1].cast<int64_t>(),
+                                           static_cast<int8_t>(r[2].cast<int>())});
+  }
+  return t;
+}
+
+int meta_device() { return static_cast<int>(c10::DeviceType::Meta); }
+
+py::dict cost_to_python(const TraceData& t, const TraceCost& c) {
+  py::list units;
+  for (const UnitCost& u : c.units) {
+    const UnitFeatures& f = u.features;
+    units.append(py::make_tuple(u.op, unit_kind_name(f.kind), u.time_s, u.roofline_s, f.flops,
+                                f.bytes_read, f.bytes_written, f.kernels, f.matched,
+                                math_mode_name(f.math_mode), u.error));
+  }
+  py::list issues;
+  for (size_t i = 0; i < c.issues.size(); ++i) {
+    const IssueCost& is = c.issues[i];
+    const TimelineEvent& e = c.timeline[i];
+    issues.append(py::make_tuple(is.op, is.host_s, is.gpu_s, e.host_start, e.host_end,
+                                 e.gpu_start, e.gpu_end));
+  }
+  (void)t;
+  py::dict d;
+  d["units"] = units;
+  d["issues"] = issues;
+  d["end_to_end_s"] = c.end_to_end_s;
+  d["lower_bound_s"] = c.lower_bound_s;
+  d["host_s"] = c.host_s;
+  d["gpu_busy_s"] = c.gpu_busy_s;
+  return d;
+}
+
 AllocSimOptions sim_options(bool expandable_segments, int64_t capacity_bytes) {
   AllocSimOptions o;
   o.expandable_segments = expandable_segments;
@@ -178,7 +258,44 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<TraceData, std::shared_ptr<TraceData>>(m, "RawTrace")
       .def("num_ops", [](const TraceData& d) { return d.ops.size(); })
       .def("num_allocs", [](const TraceData& d) { return d.allocs.size(); })
-      .def("to_python", &trace_to_python);
+      .def("to_python", &trace_to_python)
+      .def(
+          "cost",
+          [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn) {
+            FeatureOptions o;
+            o.allow_tf32_matmul = allow_tf32_matmul;
+            o.allow_tf32_cudnn = allow_tf32_cudnn;
+            TraceCost c;
+            {
+              py::gil_scoped_release release;
+              c = cost_trace(d, meta_device(), g, o);
+            }
+            return cost_to_python(d, c);
+          },
+          py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true)
+      .def(
+          "memory",
+          [](const TraceData& d, bool expandable_segments, int64_t capacity_bytes,
+             int64_t workspace_bytes) {
+            MemoryOptions o;
+            o.sim = sim_options(expandable_segments, capacity_bytes);
+            o.workspace_bytes = workspace_bytes;
+            MemoryResult r;
+            {
+              py::gil_scoped_release release;
+              r = simulate_trace_memory(d, meta_device(), o);
+            }
+            py::dict out = stats_dict(r.stats);
+            out["resident_bytes"] = r.resident_bytes;
+            out["temporaries_dropped"] = r.temporaries_dropped;
+            out["events"] = r.events;
+            return out;
+          },
+          py::arg("expandable_segments") = false, py::arg("capacity_bytes") = 0,
+          py::arg("workspace_bytes") = 0)
+      .def("units", [](const TraceData& d) { return cut_units(d, meta_device()); });
+  m.def("trace_from_python", &trace_from_python, py::arg("raw"));
+  m.def("host_dispatch_time_s", &host_dispatch_time_s, py::arg("op_name"));
   m.def("tracer_stop", []() { return std::make_shared<TraceData>(tracer::stop()); },
         "Stop recording and return the raw trace (a RawTrace).");
   m.def("tracer_active", &tracer::active);

@@ -118,7 +118,7 @@ void storage_of(Session& s, const at::Tensor& t, TensorInfo& info) {
   }
   int64_t id = -static_cast<int64_t>(s.externals.size()) - 1;
   s.externals.emplace(key, id);
-  s.data.externals.push_back(ExternalStorage{id, info.storage_nbytes});
+  s.data.externals.push_back(ExternalStorage{id, info.storage_nbytes, info.device_type});
   info.storage = id;
 }
 
@@ -264,7 +264,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   // the observer there skips their recording and the dispatcher's argument boxing (the bulk of
   // the tracing cost). Storage events inside are still recorded, attributed to this op.
   bool muted = false;
-  if (!s.record_all && fn.scope() == at::RecordScope::FUNCTION && has_cuda_kernel(s, fn)) {
+  const bool kernel = fn.scope() == at::RecordScope::FUNCTION && has_cuda_kernel(s, fn);
+  rec.kernel = kernel;
+  if (!s.record_all && kernel) {
     at::disableCallback(s.handle);
     muted = true;
   }

@@ -56,6 +56,7 @@ struct OpRecord {
   uint8_t scope = 0;    // at::RecordScope
   int32_t thread = 0;   // small id, 0 = the thread that started the trace
   int32_t depth = 0;
+  bool kernel = false;  // the op has its own CUDA kernel (one launch group on a GPU)
   std::vector<Arg> inputs;
   std::vector<Arg> outputs;
 };
@@ -71,6 +72,7 @@ struct AllocRecord {
 struct ExternalStorage {
   int64_t storage = 0;  // < 0
   int64_t nbytes = 0;
+  int8_t device_type = -1;
 };
 
 struct TraceData {

@@ -1,0 +1,49 @@
+"""Per-unit cost from the C++ core: features, analytic time and host dispatch time."""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from ._ext import load
+from .hardware import GPUSpec, get_gpu
+
+_C = load()
+
+
+@lru_cache(maxsize=64)
+def _core_spec_cached(name: str) -> Any:
+    return core_gpu_spec(get_gpu(name))
+
+
+def core_gpu_spec(gpu: GPUSpec | str) -> Any:
+    """The blink._C.GpuSpec for a hardware-table entry (or its name)."""
+    if isinstance(gpu, str):
+        return _core_spec_cached(gpu)
+    pf = gpu.peak_flops
+    return _C.GpuSpec(
+        name=gpu.name, sm_count=gpu.sm_count, clock_hz=gpu.boost_clock_mhz * 1e6,
+        mem_bw=gpu.memory_bandwidth_bytes_per_s, l2_bytes=float(gpu.l2_bytes),
+        peak_fp32=pf["fp32"], peak_tf32=pf.get("tf32") or 0.0,
+        peak_bf16=pf.get("bf16") or 0.0, peak_fp16=pf.get("fp16") or 0.0,
+        peak_fp8=pf.get("fp8") or 0.0, cc_major=gpu.compute_capability[0],
+        cc_minor=gpu.compute_capability[1],
+    )
+
+
+def tensor_arg(shape: tuple[int, ...], dtype_code: int, stride: tuple[int, ...] | None = None,
+               storage: int = 0) -> tuple[int, tuple]:
+    """A contiguous (or strided) tensor argument in the trace's raw format, for features_for."""
+    if stride is None:
+        acc, out = 1, []
+        for s in reversed(shape):
+            out.append(acc)
+            acc *= max(s, 1)
+        stride = tuple(reversed(out))
+    return (1, (tuple(shape), tuple(stride), 0, storage, 0, dtype_code, 14, False))
+
+
+def unit_features(op_name: str, inputs: list, outputs: list, gpu: GPUSpec | str, *,
+                  allow_tf32_matmul: bool = False, allow_tf32_cudnn: bool = True) -> dict:
+    """Features, `analytic_time_s` and `host_dispatch_time_s` of one op (raw-format args)."""
+    return _C.features_for(op_name, inputs, outputs, core_gpu_spec(gpu),
+                           allow_tf32_matmul, allow_tf32_cudnn)
