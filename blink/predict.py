@@ -18,7 +18,7 @@ import torch
 from .cost import core_gpu_spec
 from .dryrun import trace_model
 from .hardware import GPUSpec, get_gpu
-from .trace import Trace, _fmt_bytes
+from .trace import PHASES, Trace, _fmt_bytes
 
 FORMAT_VERSION = 1
 
@@ -192,23 +192,21 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     workspace = cublas_workspace_bytes(spec)
     mem = native.memory(expandable_segments=expandable_segments, workspace_bytes=workspace)
 
-    ops = t.ops
     units = []
     failed = 0
-    for (op_id, kind, time_s, roof_s, flops, br, bw, kernels, _matched, math, err) in cost["units"]:
-        op = ops[op_id]
+    for (op_id, kind, time_s, roof_s, flops, br, bw, kernels, _matched, math, err,
+         (name, module, phase)) in cost["units"]:
         if err:
             failed += 1
-        units.append(UnitRow(op_id, op.full_name, op.module, op.phase, kind, time_s * 1e3,
+        units.append(UnitRow(op_id, name, module, PHASES[phase], kind, time_s * 1e3,
                              roof_s * 1e3, flops, br + bw, int(kernels), math,
                              "none" if err else "analytic", err))
     if failed:
         notes.append(f"{failed} units could not be costed (see units[].error); counted as 0")
     timeline = []
-    for (op_id, _h, _g, hs, he, gs, ge) in cost["issues"]:
-        op = ops[op_id]
-        timeline.append({"op": op.full_name, "op_id": op_id, "module": op.module,
-                         "phase": op.phase, "host_start_s": hs, "host_end_s": he,
+    for (op_id, _h, _g, hs, he, gs, ge, (name, module, phase)) in cost["issues"]:
+        timeline.append({"op": name, "op_id": op_id, "module": module,
+                         "phase": PHASES[phase], "host_start_s": hs, "host_end_s": he,
                          "gpu_start_s": gs, "gpu_end_s": ge})
     time_ms = cost["end_to_end_s"] * 1e3
     smi = mem["peak_reserved_bytes"] + CUDA_CONTEXT_BYTES

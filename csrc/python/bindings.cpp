@@ -192,22 +192,33 @@ std::shared_ptr<TraceData> trace_from_python(const py::dict& d) {
 
 int meta_device() { return static_cast<int>(c10::DeviceType::Meta); }
 
+// (full op name, module path or None, phase) of an op, so that Python need not convert the
+// whole trace to label the units.
+py::tuple op_label(const TraceData& t, int64_t id) {
+  const OpRecord& op = t.ops[static_cast<size_t>(id)];
+  std::string name = t.names[static_cast<size_t>(op.name)];
+  const std::string& overload = t.names[static_cast<size_t>(op.overload)];
+  if (!overload.empty()) name += "." + overload;
+  py::object module = py::none();
+  if (op.module >= 0) module = py::str(t.modules[static_cast<size_t>(op.module)]);
+  return py::make_tuple(name, module, static_cast<int>(op.phase));
+}
+
 py::dict cost_to_python(const TraceData& t, const TraceCost& c) {
   py::list units;
   for (const UnitCost& u : c.units) {
     const UnitFeatures& f = u.features;
     units.append(py::make_tuple(u.op, unit_kind_name(f.kind), u.time_s, u.roofline_s, f.flops,
                                 f.bytes_read, f.bytes_written, f.kernels, f.matched,
-                                math_mode_name(f.math_mode), u.error));
+                                math_mode_name(f.math_mode), u.error, op_label(t, u.op)));
   }
   py::list issues;
   for (size_t i = 0; i < c.issues.size(); ++i) {
     const IssueCost& is = c.issues[i];
     const TimelineEvent& e = c.timeline[i];
     issues.append(py::make_tuple(is.op, is.host_s, is.gpu_s, e.host_start, e.host_end,
-                                 e.gpu_start, e.gpu_end));
+                                 e.gpu_start, e.gpu_end, op_label(t, is.op)));
   }
-  (void)t;
   py::dict d;
   d["units"] = units;
   d["issues"] = issues;
