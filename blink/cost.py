@@ -47,3 +47,21 @@ def unit_features(op_name: str, inputs: list, outputs: list, gpu: GPUSpec | str,
     """Features, `analytic_time_s` and `host_dispatch_time_s` of one op (raw-format args)."""
     return _C.features_for(op_name, inputs, outputs, core_gpu_spec(gpu),
                            allow_tf32_matmul, allow_tf32_cudnn)
+
+
+def trace_features(t: Any, gpu: GPUSpec | str, *, allow_tf32_matmul: bool = False,
+                   allow_tf32_cudnn: bool = True) -> list[dict]:
+    """The feature row of every cost unit of a trace (the rows training reads), in unit order,
+    each with its op id and name; computed by the same C++ code blink.predict uses."""
+    spec = core_gpu_spec(gpu)
+    raw = t._raw
+    names = raw["names"]
+    rows = []
+    for op_id in t.native().units():
+        r = raw["ops"][op_id]
+        name = names[r[2]] + (f".{names[r[3]]}" if names[r[3]] else "")
+        feats = _C.features_for(name, r[10], r[11], spec, allow_tf32_matmul, allow_tf32_cudnn)
+        feats["op_id"] = op_id
+        feats["op"] = name
+        rows.append(feats)
+    return rows

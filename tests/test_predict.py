@@ -181,3 +181,17 @@ def test_cli_predict(tmp_path, capsys):
     assert main(["predict", "torchvision:resnet18", "-b", "2"]) == 0
     text = capsys.readouterr().out
     assert "peak allocated" in text and "aten::convolution" in text
+
+
+def test_trace_features_are_the_units_predict_costs():
+    from blink.cost import trace_features
+
+    t = blink.trace_model("torchvision:resnet18", batch_size=8, mode="train")
+    rows = trace_features(t, "A100-40GB", allow_tf32_cudnn=True)
+    p = predict_trace(t, "A100-40GB", allow_tf32_matmul=False, allow_tf32_cudnn=True)
+    assert [r["op_id"] for r in rows] == [u.op_id for u in p.units]
+    for r, u in zip(rows, p.units, strict=True):
+        assert r["analytic_time_s"] * 1e3 == pytest.approx(u.time_ms, rel=1e-12, abs=1e-15)
+        assert r["flops"] == u.flops
+    convs = [r for r in rows if r["kind"] == "conv" and not r["backward"]]
+    assert len(convs) == 20 and all(r["math_mode"] == "tf32" for r in convs)
