@@ -557,7 +557,11 @@ def _sdpa_library(cc: tuple[int, ...], forced: str) -> torch.library.Library:
 
     lib = torch.library.Library("aten", "IMPL")
     # CompositeImplicitAutograd so it also applies under inference_mode (no autograd key).
-    lib.impl("scaled_dot_product_attention", fused, "CompositeImplicitAutograd")
+    # Overriding is the point, so torch <= 2.11's "Overriding a previously registered kernel"
+    # warning is expected.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("scaled_dot_product_attention", fused, "CompositeImplicitAutograd")
     return lib
 
 

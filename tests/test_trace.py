@@ -155,19 +155,25 @@ def test_json_errors(tmp_path):
         blink.Trace.from_json(bad)
 
 
+FUSED = ("flash", "efficient", "cudnn")
+
+
 def test_sdpa_traced_as_fused_kernel_with_logsumexp():
     t = blink.trace_model("hf:gpt2", batch_size=2, seq_len=128, dtype="bf16", mode="train",
                           gpu="H100-SXM")
     names = {op.name for op in t.ops}
-    assert "aten::_scaled_dot_product_flash_attention" in names
-    assert "aten::_scaled_dot_product_flash_attention_backward" in names
+    # Which fused kernel depends on the torch version's rules (dropout 0.1: cuDNN on 2.11,
+    # flash from 2.12); never the math decomposition.
+    fwd = [n for n in names if any(n == f"aten::_scaled_dot_product_{b}_attention"
+                                   for b in FUSED)]
+    assert len(fwd) == 1, names
+    assert fwd[0] + "_backward" in names
     assert "aten::_scaled_dot_product_attention_math" not in names
-    flash = next(op for op in t.ops if op.name == "aten::_scaled_dot_product_flash_attention")
-    outs = flash.tensors("outputs")
-    lse = outs[1]
-    assert lse.shape == (2, 12, 128) and lse.dtype == "float32"
+    op = next(o for o in t.ops if o.name == fwd[0])
+    lse = op.tensors("outputs")[1]
+    assert lse.numel == 2 * 12 * 128 and lse.dtype == "float32"
     # No L x L score matrix was ever allocated under the fused op.
-    sub = {o.id for o in t.walk(flash)}
+    sub = {o.id for o in t.walk(op)}
     big = [e for e in t.allocations if not e.is_free and e.op in sub
            and e.nbytes >= 2 * 12 * 128 * 128 * 2]
     assert big == []
