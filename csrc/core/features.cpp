@@ -912,6 +912,23 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       {"aten::any", R(K::kReduction, f_reduction, 1)},
       {"aten::all", R(K::kReduction, f_reduction, 1)},
       {"aten::var", R(K::kReduction, f_reduction, 3)},  // Welford: delta, mean, M2 updates
+      // Pooling: one ATen kernel reading each window; memory-bound, so read-input /
+      // write-output bytes with 1 FLOP per input element is the cost (windows overlap a little).
+      {"aten::max_pool2d_with_indices", R(K::kReduction, f_reduction, 1)},
+      {"aten::max_pool3d_with_indices", R(K::kReduction, f_reduction, 1)},
+      {"aten::avg_pool2d", R(K::kReduction, f_reduction, 1)},
+      {"aten::avg_pool3d", R(K::kReduction, f_reduction, 1)},
+      {"aten::_adaptive_avg_pool2d", R(K::kReduction, f_reduction, 1)},
+      {"aten::_adaptive_avg_pool3d", R(K::kReduction, f_reduction, 1)},
+      {"aten::adaptive_max_pool2d", R(K::kReduction, f_reduction, 1)},
+      // Pooling backward: scatter dy into the window positions, element-wise in cost.
+      {"aten::max_pool2d_with_indices_backward", R(K::kElementwise, f_elementwise, 1)},
+      {"aten::max_pool3d_with_indices_backward", R(K::kElementwise, f_elementwise, 1)},
+      {"aten::avg_pool2d_backward", R(K::kElementwise, f_elementwise, 1)},
+      {"aten::avg_pool3d_backward", R(K::kElementwise, f_elementwise, 1)},
+      {"aten::_adaptive_avg_pool2d_backward", R(K::kElementwise, f_elementwise, 1)},
+      {"aten::_adaptive_avg_pool3d_backward", R(K::kElementwise, f_elementwise, 1)},
+      {"aten::adaptive_max_pool2d_backward", R(K::kElementwise, f_elementwise, 1)},
       {"aten::std", R(K::kReduction, f_reduction, 3)},
       {"aten::var_mean", R(K::kReduction, f_reduction, 3)},
       {"aten::std_mean", R(K::kReduction, f_reduction, 3)},
