@@ -38,10 +38,12 @@ Only dense (non-nested) tensors are modelled. ROCm is not modelled.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
@@ -67,6 +69,27 @@ _OLDEST_RULES = (2, 11)
 _NEWEST_RULES = (2, 14)
 # cuDNN runtime version shipped with the cu130 wheel of each torch minor (nvidia-cudnn-cu13 pin).
 _WHEEL_CUDNN = {(2, 11): 91900, (2, 12): 92000, (2, 13): 92000, (2, 14): 92400}
+
+# Every rule that differs between the torch minors, as the first minor whose rules have it.
+_V_EMPTY_INPUTS = (2, 12)  # attention.cpp: an empty q, k or v gives zeros, no kernel is chosen
+_V_CUDNN_DROPOUT = (2, 12)  # check_cudnn_dropout
+_V_EMPTY_OUTPUT = (2, 13)  # attention.cpp: "empty" is an empty output or seq_len_kv == 0
+_V_CUDNN_BATCH_HEADS = (2, 13)  # check_cudnn_tensor_shapes: batch and heads <= 65535
+_V_MEM_EFFICIENT_ALIGNMENT = (2, 13)  # check_data_ptr_alignment_mem_efficient
+_V_PREFER_CUDNN_ANY_SM10X = (2, 13)  # check_prefer_cudnn_attention: any 10.x minor (CUDA 13)
+_V_CUDNN_D256 = (2, 14)  # kCuDNNFrontendSupportsD256 limits, check_cudnn_d256_bprop_head_dim
+_V_CUDNN_DECODE_DISABLED = (2, 14)  # is_cudnn_attention_decode_disabled
+_V_MEM_EFFICIENT_GQA = (2, 14)  # mem-efficient check_batch_size_and_num_heads_dense<true, ...>
+_V_MQA = (2, 14)  # check_batch_size_and_num_heads_dense<..., supports_mqa = true>
+_V_UNBATCHED = (2, 14)  # sdp::normalize_unbatched_input
+
+# The torch.backends.cuda flag of each backend: enable_<flag>_sdp() and <flag>_sdp_enabled().
+_TORCH_FLAG = {"flash": "flash", "efficient": "mem_efficient", "cudnn": "cudnn", "math": "math"}
+# Each fused kernel's name in reasons, and the SMs it runs on, both ends inclusive
+# (check_{flash_attention,mem_efficient,cudnn}_hardware_support).
+_LABEL = {"flash": "flash", "efficient": "mem-efficient", "cudnn": "cuDNN attention"}
+_SM_RANGE = {"flash": ((8, 0), (12, 1)), "efficient": ((5, 0), (12, 1)), "cudnn": ((8, 0), (12, 1))}
+
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 _FP8_E4M3 = getattr(torch, "float8_e4m3fn", None)
 
@@ -148,9 +171,9 @@ def _parse_version(version: str | Sequence[int] | None) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def _rules_for(version: tuple[int, int]) -> tuple[int, int]:
+def _rules_for(torch_version: str | Sequence[int] | None) -> tuple[int, int]:
     """The rule set used for a torch version: 2.11-2.14 exactly, nearest otherwise."""
-    return max(_OLDEST_RULES, min(_NEWEST_RULES, version))
+    return max(_OLDEST_RULES, min(_NEWEST_RULES, _parse_version(torch_version)))
 
 
 def _local_cudnn_version() -> int | None:
@@ -170,16 +193,6 @@ def _cuda_version_tuple(cuda_version: str | Sequence[int] | None) -> tuple[int, 
     return values[0], values[1] if len(values) > 1 else 0
 
 
-def _torch_enabled_flags() -> dict[str, bool]:
-    backends = torch.backends.cuda
-    return {
-        "flash": bool(backends.flash_sdp_enabled()),
-        "efficient": bool(backends.mem_efficient_sdp_enabled()),
-        "cudnn": bool(backends.cudnn_sdp_enabled()),
-        "math": bool(backends.math_sdp_enabled()),
-    }
-
-
 _ENABLED_ALIASES = {
     "flash": "flash",
     "flash_attention": "flash",
@@ -193,7 +206,10 @@ _ENABLED_ALIASES = {
 
 
 def _resolve_enabled(enabled: Mapping[str, bool] | None) -> dict[str, bool]:
-    flags = _torch_enabled_flags()
+    backends = torch.backends.cuda
+    flags = {
+        name: bool(getattr(backends, f"{flag}_sdp_enabled")()) for name, flag in _TORCH_FLAG.items()
+    }
     for key, value in (enabled or {}).items():
         name = _ENABLED_ALIASES.get(key)
         if name is None:
@@ -205,6 +221,14 @@ def _resolve_enabled(enabled: Mapping[str, bool] | None) -> dict[str, bool]:
 def _sm_in(cc: tuple[int, int], lower: tuple[int, int], upper: tuple[int, int]) -> bool:
     # check_sm_version<lower, upper>: inclusive on both ends.
     return lower <= cc <= upper
+
+
+def _sm90_or_sm10x(cc: tuple[int, int]) -> bool:
+    return cc == (9, 0) or cc[0] == 10
+
+
+def _sm(cc: tuple[int, int]) -> str:
+    return f"sm{cc[0]}{cc[1]}"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -221,6 +245,21 @@ def _first_failure(checks: Iterator[str | None]) -> str | None:
 
 # --------------------------------------------------------------------------------------------
 # shared checks (sdp_utils_cpp.h)
+
+
+def _check_runtime_enabled(backend: str, env: _Env) -> str | None:
+    # check_runtime_disabled_{flash,mem_efficient,cudnn}: the torch.backends.cuda flag.
+    if env.enabled[backend]:
+        return None
+    return f"disabled (torch.backends.cuda.enable_{_TORCH_FLAG[backend]}_sdp(False))"
+
+
+def _check_hardware(backend: str, p: _Params) -> str | None:
+    # check_{flash_attention,mem_efficient,cudnn}_hardware_support: the kernel's SM range.
+    lower, upper = _SM_RANGE[backend]
+    if _sm_in(p.cc, lower, upper):
+        return None
+    return f"{_LABEL[backend]} needs {_sm(lower)}..{_sm(upper)}, target is {_sm(p.cc)}"
 
 
 def _check_tensor_shapes(p: _Params) -> str | None:
@@ -273,16 +312,17 @@ def _check_grouped_query_attention(p: _Params, *, requires_same_num_heads: bool)
 
 
 def _check_batch_size_and_num_heads(
-    p: _Params, *, supports_gqa: bool, requires_same_num_heads: bool, supports_mqa: bool
+    p: _Params, env: _Env, *, supports_gqa: bool, requires_same_num_heads: bool
 ) -> str | None:
-    # check_batch_size_and_num_heads_dense<supports_gqa, requires_same_num_heads[, supports_mqa]>.
+    # check_batch_size_and_num_heads_dense<supports_gqa, requires_same_num_heads[, supports_mqa]>,
+    # where every fused kernel has supports_mqa from 2.14.
     if not (p.q[0] == p.k[0] == p.v[0]):
         return f"query/key/value batch sizes differ: {p.q[0]}, {p.k[0]}, {p.v[0]}"
     if p.enable_gqa and supports_gqa:
         return _check_grouped_query_attention(p, requires_same_num_heads=requires_same_num_heads)
     if p.q[1] == p.k[1] == p.v[1]:
         return None
-    if supports_mqa and p.k[1] == 1 and p.v[1] == 1:  # 2.14: key/value with one head (MQA)
+    if env.rules >= _V_MQA and p.k[1] == 1 and p.v[1] == 1:  # key/value with one head (MQA)
         return None
     return f"query/key/value heads differ ({p.q[1]}, {p.k[1]}, {p.v[1]}) without enable_gqa"
 
@@ -295,30 +335,27 @@ def _check_dtype(p: _Params, allowed: Sequence[torch.dtype]) -> str | None:
     return f"dtype {_dtype_name(p.dtype)} is not one of {{{names}}}"
 
 
+def _low_precision_dtypes(cc: tuple[int, int]) -> tuple[torch.dtype, ...]:
+    # check_dtypes_low_precision: fp16, and bf16 on sm80+.
+    return _HALF_DTYPES if cc[0] >= 8 else (torch.float16,)
+
+
 # --------------------------------------------------------------------------------------------
 # flash attention (can_use_flash_attention)
 
 
-def _flash_reasons(p: _Params, env: _Env) -> str | None:
-    # check_runtime_disabled_flash
-    if not env.enabled["flash"]:
-        return "disabled (torch.backends.cuda.enable_flash_sdp(False))"
-    return _first_failure(_flash_checks(p, env))
-
-
 def _flash_checks(p: _Params, env: _Env) -> Iterator[str | None]:
+    yield _check_runtime_enabled("flash", env)  # check_runtime_disabled_flash
     yield _check_tensor_shapes(p)  # check_tensor_shapes
     yield _check_for_attn_mask(p)  # check_for_attn_mask
     yield _flash_head_dim(p)  # check_head_dim_size_flash
-    yield _flash_hardware(p)  # check_flash_attention_hardware_support
+    yield _check_hardware("flash", p)  # check_flash_attention_hardware_support
     # check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120
     yield _flash_grad_head_dim(p)
     yield _flash_causal_square(p)  # check_flash_causal_non_square_seqlens
     yield _flash_dtype(p, env)  # check_dtypes_flash_attention
     # check_batch_size_and_num_heads_dense<true, true[, true]>
-    yield _check_batch_size_and_num_heads(
-        p, supports_gqa=True, requires_same_num_heads=True, supports_mqa=env.rules >= (2, 14)
-    )
+    yield _check_batch_size_and_num_heads(p, env, supports_gqa=True, requires_same_num_heads=True)
     yield _check_nonzero_sequence_lengths(p)  # check_nonzero_sequence_lengths_dense
     yield _check_last_dim_stride_1(p, ignore_singleton_dim=True)  # ..._equals_1_dense<true>
 
@@ -331,13 +368,6 @@ def _flash_head_dim(p: _Params) -> str | None:
     return f"flash needs equal head dims <= 256, got q={dq} k={dk} v={dv}"
 
 
-def _flash_hardware(p: _Params) -> str | None:
-    # check_flash_attention_hardware_support: [sm80, sm121].
-    if _sm_in(p.cc, (8, 0), (12, 1)):
-        return None
-    return f"flash needs sm80..sm121, target is sm{p.cc[0]}{p.cc[1]}"
-
-
 def _flash_grad_head_dim(p: _Params) -> str | None:
     # check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120: training on
     # sm86-sm89 / sm120-sm121 needs head_dim <= 192, or > 224 without dropout.
@@ -348,7 +378,7 @@ def _flash_grad_head_dim(p: _Params) -> str | None:
     head_dim = p.q[-1]
     if head_dim <= 192 or (p.dropout <= 0.0 and head_dim > 224):
         return None
-    return f"flash backward on sm{p.cc[0]}{p.cc[1]} does not support head_dim {head_dim} here"
+    return f"flash backward on {_sm(p.cc)} does not support head_dim {head_dim} here"
 
 
 def _flash_causal_square(p: _Params) -> str | None:
@@ -362,7 +392,7 @@ def _flash_dtype(p: _Params, env: _Env) -> str | None:
     # check_dtypes_flash_attention: fp16/bf16 (sm80+), plus fp8 e4m3 with FA3 on sm90+.
     if p.cc[0] >= 9 and env.fa3 and _FP8_E4M3 is not None:
         return _check_dtype(p, (_FP8_E4M3, *_HALF_DTYPES))
-    return _check_dtype(p, _HALF_DTYPES if p.cc[0] >= 8 else (torch.float16,))
+    return _check_dtype(p, _low_precision_dtypes(p.cc))
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,34 +409,18 @@ def _minimum_gemm_alignment(p: _Params) -> int:
     return alignment
 
 
-def _efficient_reasons(p: _Params, env: _Env) -> str | None:
-    # check_runtime_disabled_mem_efficient
-    if not env.enabled["efficient"]:
-        return "disabled (torch.backends.cuda.enable_mem_efficient_sdp(False))"
-    return _first_failure(_efficient_checks(p, env))
-
-
 def _efficient_checks(p: _Params, env: _Env) -> Iterator[str | None]:
-    yield _efficient_hardware(p)  # check_mem_efficient_hardware_support
+    yield _check_runtime_enabled("efficient", env)  # check_runtime_disabled_mem_efficient
+    yield _check_hardware("efficient", p)  # check_mem_efficient_hardware_support
     yield _check_tensor_shapes(p)  # check_tensor_shapes
     yield _efficient_head_dim(p)  # check_head_dim_size_mem_efficient
     yield _efficient_ptr_alignment(p, env)  # check_data_ptr_alignment_mem_efficient (2.13+)
     yield _check_nonzero_sequence_lengths(p)  # check_nonzero_sequence_lengths_dense
     yield _check_last_dim_stride_1(p, ignore_singleton_dim=False)  # ..._equals_1_dense<false>
     yield _check_batch_size_and_num_heads(  # check_batch_size_and_num_heads_dense<gqa, true[, mqa]>
-        p,
-        supports_gqa=env.rules >= (2, 14),
-        requires_same_num_heads=True,
-        supports_mqa=env.rules >= (2, 14),
+        p, env, supports_gqa=env.rules >= _V_MEM_EFFICIENT_GQA, requires_same_num_heads=True
     )
     yield _efficient_dtype(p)  # check_tensor_dtype (sm80+: fp16/fp32/bf16, else fp16/fp32)
-
-
-def _efficient_hardware(p: _Params) -> str | None:
-    # check_mem_efficient_hardware_support: [sm50, sm121].
-    if _sm_in(p.cc, (5, 0), (12, 1)):
-        return None
-    return f"mem-efficient needs sm50..sm121, target is sm{p.cc[0]}{p.cc[1]}"
 
 
 def _efficient_head_dim(p: _Params) -> str | None:
@@ -422,7 +436,7 @@ def _efficient_head_dim(p: _Params) -> str | None:
 def _efficient_ptr_alignment(p: _Params, env: _Env) -> str | None:
     # check_data_ptr_alignment_mem_efficient (2.13+): on sm80+, storage_offset * element_size of
     # q, k, v must be a multiple of minimum_gemm_alignment * element_size (empty tensors pass).
-    if env.rules < (2, 13) or p.cc[0] < 8:
+    if env.rules < _V_MEM_EFFICIENT_ALIGNMENT or p.cc[0] < 8:
         return None
     element_size = p.dtype.itemsize
     alignment_bytes = _minimum_gemm_alignment(p) * element_size
@@ -433,6 +447,7 @@ def _efficient_ptr_alignment(p: _Params, env: _Env) -> str | None:
 
 
 def _efficient_dtype(p: _Params) -> str | None:
+    # check_tensor_dtype: fp16, fp32, and bf16 on sm80+.
     if p.cc[0] >= 8:
         return _check_dtype(p, (torch.float16, torch.float32, torch.bfloat16))
     return _check_dtype(p, (torch.float16, torch.float32))
@@ -442,33 +457,29 @@ def _efficient_dtype(p: _Params) -> str | None:
 # cuDNN attention (can_use_cudnn_attention)
 
 
-def _cudnn_reasons(p: _Params, env: _Env) -> str | None:
-    if env.cudnn < 90000:
-        return f"cuDNN {env.cudnn} is older than 9.0.0"  # CUDNN_VERSION < 90000 guard
-    if p.dropout > 0.0 and 91100 < env.cudnn < 91400:
-        return "cuDNN 9.11-9.13 attention does not support dropout"  # can_use_cudnn_attention
-    # check_runtime_disabled_cudnn
-    if not env.enabled["cudnn"]:
-        return "disabled (torch.backends.cuda.enable_cudnn_sdp(False))"
-    return _first_failure(_cudnn_checks(p, env))
-
-
 def _cudnn_checks(p: _Params, env: _Env) -> Iterator[str | None]:
+    yield _cudnn_version_guards(p, env)  # CUDNN_VERSION guards in can_use_cudnn_attention
+    yield _check_runtime_enabled("cudnn", env)  # check_runtime_disabled_cudnn
     yield _check_tensor_shapes(p)  # check_tensor_shapes
     yield _cudnn_deterministic(env)  # check_cudnn_deterministic
-    # check_dtypes_low_precision
-    yield _check_dtype(p, _HALF_DTYPES if p.cc[0] >= 8 else (torch.float16,))
+    yield _check_dtype(p, _low_precision_dtypes(p.cc))  # check_dtypes_low_precision
     yield _check_attn_mask_shape(p)  # check_attn_mask_shape
-    yield _cudnn_hardware(p)  # check_cudnn_hardware_support
+    yield _check_hardware("cudnn", p)  # check_cudnn_hardware_support
     yield _cudnn_dropout(p, env)  # check_cudnn_dropout (2.12+)
     yield _check_nonzero_sequence_lengths(p)  # check_nonzero_sequence_lengths_dense
     yield _check_last_dim_stride_1(p, ignore_singleton_dim=True)  # ..._equals_1_dense<true>
     # check_batch_size_and_num_heads_dense<true, false[, true]>
-    yield _check_batch_size_and_num_heads(
-        p, supports_gqa=True, requires_same_num_heads=False, supports_mqa=env.rules >= (2, 14)
-    )
+    yield _check_batch_size_and_num_heads(p, env, supports_gqa=True, requires_same_num_heads=False)
     yield _cudnn_tensor_shapes(p, env)  # check_cudnn_tensor_shapes
     yield _cudnn_d256_bprop(p, env)  # check_cudnn_d256_bprop_head_dim (2.14)
+
+
+def _cudnn_version_guards(p: _Params, env: _Env) -> str | None:
+    if env.cudnn < 90000:
+        return f"cuDNN {env.cudnn} is older than 9.0.0"  # CUDNN_VERSION < 90000 guard
+    if p.dropout > 0.0 and 91100 < env.cudnn < 91400:
+        return "cuDNN 9.11-9.13 attention does not support dropout"  # can_use_cudnn_attention
+    return None
 
 
 def _cudnn_deterministic(env: _Env) -> str | None:
@@ -476,53 +487,45 @@ def _cudnn_deterministic(env: _Env) -> str | None:
     return "cuDNN SDPA is not deterministic" if env.deterministic else None
 
 
-def _cudnn_hardware(p: _Params) -> str | None:
-    # check_cudnn_hardware_support: [sm80, sm121].
-    if _sm_in(p.cc, (8, 0), (12, 1)):
-        return None
-    return f"cuDNN attention needs sm80..sm121, target is sm{p.cc[0]}{p.cc[1]}"
-
-
 def _cudnn_dropout(p: _Params, env: _Env) -> str | None:
     # check_cudnn_dropout (2.12+): dropout must be a multiple of 1/16.
-    if env.rules >= (2, 12) and p.dropout * 16.0 != math.floor(p.dropout * 16.0):
+    if env.rules >= _V_CUDNN_DROPOUT and p.dropout * 16.0 != math.floor(p.dropout * 16.0):
         return f"cuDNN dropout must be a multiple of 1/16, got {p.dropout}"
     return None
 
 
 def _cudnn_supports_d256(p: _Params, env: _Env) -> bool:
     # 2.14: kCuDNNFrontendSupportsD256 && cudnn > 9.22 && (sm90 || sm10x) && !(sm107 && <= 9.25).
-    sm90_or_sm10x = p.cc == (9, 0) or p.cc[0] == 10
     unsupported_sm107 = p.cc == (10, 7) and env.cudnn <= 92500
-    return env.cudnn > 92200 and sm90_or_sm10x and not unsupported_sm107
+    return env.cudnn > 92200 and _sm90_or_sm10x(p.cc) and not unsupported_sm107
 
 
 def _cudnn_decode_disabled(p: _Params, env: _Env) -> bool:
     # is_cudnn_attention_decode_disabled (2.14): cuDNN 9.19.0-9.25.0 except 9.24.x, on sm10x/sm11x.
-    if env.rules < (2, 14) or p.cc[0] not in (10, 11):
+    if env.rules < _V_CUDNN_DECODE_DISABLED or p.cc[0] not in (10, 11):
         return False
     return 91900 <= env.cudnn <= 92500 and not 92401 <= env.cudnn <= 92499
 
 
 def _cudnn_head_dim_limit(p: _Params, env: _Env) -> int:
-    d_qk, d_v = p.q[3], p.v[3]
-    if env.rules >= (2, 14):
-        if _cudnn_supports_d256(p, env):
-            return 256
-        sm90_or_sm10x = p.cc == (9, 0) or p.cc[0] == 10
-        if sm90_or_sm10x and env.cudnn >= 91100 and d_qk == 192 and d_v == 128:
-            return 192
-        return 128
-    # 2.11-2.13: sm90 gets 256 from cuDNN 9.10; sm10x gets the (192, 128) DeepSeek shape from 9.11.
-    limit = 256 if env.cudnn >= 91000 and p.cc == (9, 0) else 128
-    if env.cudnn >= 91100 and p.cc[0] == 10 and d_qk == 192 and d_v == 128:
-        limit = 192
-    return limit
+    # The head-dim limit of check_cudnn_tensor_shapes: 256 where d256 is supported, 192 for the
+    # (192, 128) DeepSeek shape from cuDNN 9.11, else 128.
+    if env.rules >= _V_CUDNN_D256:
+        d256 = _cudnn_supports_d256(p, env)
+        deepseek_sms = _sm90_or_sm10x(p.cc)
+    else:  # 2.11-2.13: sm90 gets 256 from cuDNN 9.10; sm10x gets the DeepSeek shape from 9.11.
+        d256 = env.cudnn >= 91000 and p.cc == (9, 0)
+        deepseek_sms = p.cc[0] == 10
+    if d256:
+        return 256
+    if deepseek_sms and env.cudnn >= 91100 and (p.q[3], p.v[3]) == (192, 128):
+        return 192
+    return 128
 
 
 def _cudnn_tensor_shapes(p: _Params, env: _Env) -> str | None:
     # check_cudnn_tensor_shapes.
-    if env.rules >= (2, 13) and (p.q[0] > 65535 or p.q[1] > 65535):
+    if env.rules >= _V_CUDNN_BATCH_HEADS and (p.q[0] > 65535 or p.q[1] > 65535):
         return "cuDNN attention needs batch and num_heads <= 65535"
     if env.cudnn < 8903:
         return "cuDNN attention needs cuDNN 8.9.3"
@@ -553,12 +556,20 @@ def _cudnn_tensor_shapes(p: _Params, env: _Env) -> str | None:
 def _cudnn_d256_bprop(p: _Params, env: _Env) -> str | None:
     # check_cudnn_d256_bprop_head_dim (2.14): with d256 support, training needs head dims
     # (<=128, <=128), (192, 128) or (256, 256).
-    if env.rules < (2, 14) or not p.requires_grad or not _cudnn_supports_d256(p, env):
+    if env.rules < _V_CUDNN_D256 or not p.requires_grad or not _cudnn_supports_d256(p, env):
         return None
     d_qk, d_v = p.q[3], p.v[3]
     if (d_qk <= 128 and d_v <= 128) or (d_qk, d_v) in ((192, 128), (256, 256)):
         return None
-    return f"cuDNN backward on sm{p.cc[0]}{p.cc[1]} does not support head dims ({d_qk}, {d_v})"
+    return f"cuDNN backward on {_sm(p.cc)} does not support head dims ({d_qk}, {d_v})"
+
+
+# The checks of each fused kernel (can_use_<kernel>_attention), in SDPA_BACKENDS order.
+_FUSED_CHECKS: dict[str, Callable[[_Params, _Env], Iterator[str | None]]] = {
+    "flash": _flash_checks,
+    "efficient": _efficient_checks,
+    "cudnn": _cudnn_checks,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -572,13 +583,9 @@ def _prefers_cudnn(cc: tuple[int, int], env: _Env) -> bool:
         return False
     if env.cudnn <= 91500 or cc[0] not in (9, 10):
         return False
-    if env.rules < (2, 13) or env.cuda < (13, 0):
+    if env.rules < _V_PREFER_CUDNN_ANY_SM10X or env.cuda < (13, 0):
         return cc[1] in (0, 3)
     return True
-
-
-def _priority_order(cc: tuple[int, int], env: _Env) -> tuple[str, ...]:
-    return _CUDNN_FIRST_ORDER if _prefers_cudnn(cc, env) else _DEFAULT_ORDER
 
 
 # at::SDPBackend values, as returned by torch._C._get_sdp_priority_order().
@@ -613,6 +620,29 @@ def _normalize_priority(priority: Sequence[object], fallback: Sequence[str]) -> 
     return tuple(order) + tuple(b for b in fallback if b not in order)
 
 
+def _select(p: _Params, env: _Env, priority: Sequence[str] | None) -> SDPAChoice:
+    # select_sdp_backend: the first backend in priority order whose checks all pass.
+    reasons = {name: _first_failure(checks(p, env)) for name, checks in _FUSED_CHECKS.items()}
+    reasons["math"] = None if env.enabled["math"] else "disabled (enable_math_sdp(False))"
+    order = _CUDNN_FIRST_ORDER if _prefers_cudnn(p.cc, env) else _DEFAULT_ORDER
+    if priority is None:
+        priority = _user_priority()
+    if priority is not None:
+        order = _normalize_priority(priority, order)
+    for backend in order:
+        if reasons[backend] is None:
+            return SDPAChoice(backend=backend, order=order, reasons=reasons)
+    details = "; ".join(f"{name}: {reasons[name]}" for name in SDPA_BACKENDS)
+    raise TraceError(
+        f"No available SDPA kernel on {_sm(p.cc)} (torch would abort): {details}",
+        op="aten::scaled_dot_product_attention",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the public choice
+
+
 def _as_tuple(values: Sequence[int] | None, what: str) -> tuple[int, ...] | None:
     if values is None:
         return None
@@ -620,104 +650,6 @@ def _as_tuple(values: Sequence[int] | None, what: str) -> tuple[int, ...] | None
         return tuple(int(x) for x in values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{what} must be a sequence of ints, got {values!r}") from exc
-
-
-def _make_params(
-    *,
-    compute_capability: Sequence[int],
-    dtype: torch.dtype,
-    q_shape: Sequence[int],
-    k_shape: Sequence[int],
-    v_shape: Sequence[int],
-    has_attn_mask: bool,
-    attn_mask_dtype: torch.dtype | None,
-    dropout_p: float,
-    is_causal: bool,
-    enable_gqa: bool,
-    requires_grad: bool,
-    q_stride: Sequence[int] | None,
-    k_stride: Sequence[int] | None,
-    v_stride: Sequence[int] | None,
-    attn_mask_shape: Sequence[int] | None,
-    attn_mask_stride: Sequence[int] | None,
-    attn_mask_requires_grad: bool,
-    storage_offsets: Sequence[int] | None,
-) -> _Params:
-    cc = _as_tuple(compute_capability, "compute_capability")
-    if cc is None or len(cc) != 2:
-        raise ConfigError(f"compute_capability must be (major, minor), got {compute_capability!r}")
-    if not isinstance(dtype, torch.dtype):
-        raise ConfigError(f"dtype must be a torch.dtype, got {dtype!r}")
-    q = _as_tuple(q_shape, "q_shape") or ()
-    k = _as_tuple(k_shape, "k_shape") or ()
-    v = _as_tuple(v_shape, "v_shape") or ()
-    if min(len(q), len(k), len(v)) < 2:
-        raise ConfigError("query, key and value must be at least 2-D")
-    if has_attn_mask and attn_mask_dtype is not None:
-        # validate_sdpa_input: the mask is bool, float32 or the query dtype.
-        if attn_mask_dtype not in (torch.bool, torch.float32, dtype):
-            raise ConfigError(
-                f"attn_mask dtype must be bool, float32 or {_dtype_name(dtype)}, "
-                f"got {_dtype_name(attn_mask_dtype)}"
-            )
-    offsets = _as_tuple(storage_offsets, "storage_offsets") or (0, 0, 0)
-    if len(offsets) != 3:
-        raise ConfigError(f"storage_offsets must be three ints (q, k, v), got {storage_offsets!r}")
-    mask_shape = _as_tuple(attn_mask_shape, "attn_mask_shape") if has_attn_mask else None
-    mask_stride = _as_tuple(attn_mask_stride, "attn_mask_stride") if has_attn_mask else None
-    if mask_stride is None and mask_shape is not None:
-        mask_stride = _contiguous_stride(mask_shape)
-    return _Params(
-        cc=(cc[0], cc[1]),
-        dtype=dtype,
-        q=q,
-        k=k,
-        v=v,
-        q_stride=_as_tuple(q_stride, "q_stride") or _contiguous_stride(q),
-        k_stride=_as_tuple(k_stride, "k_stride") or _contiguous_stride(k),
-        v_stride=_as_tuple(v_stride, "v_stride") or _contiguous_stride(v),
-        offsets=(offsets[0], offsets[1], offsets[2]),
-        has_mask=bool(has_attn_mask),
-        mask_shape=mask_shape,
-        mask_stride=mask_stride,
-        mask_requires_grad=bool(attn_mask_requires_grad) and bool(has_attn_mask),
-        dropout=float(dropout_p),
-        is_causal=bool(is_causal),
-        enable_gqa=bool(enable_gqa),
-        requires_grad=bool(requires_grad),
-    )
-
-
-def _make_env(
-    *,
-    torch_version: str | Sequence[int] | None,
-    cudnn_version: int | None,
-    cuda_version: str | Sequence[int] | None,
-    enabled: Mapping[str, bool] | None,
-    deterministic: bool | None,
-    fa3_enabled: bool | None,
-) -> _Env:
-    rules = _rules_for(_parse_version(torch_version))
-    if cudnn_version is None:
-        if torch_version is None:
-            cudnn_version = _local_cudnn_version() or _WHEEL_CUDNN[rules]
-        else:
-            cudnn_version = _WHEEL_CUDNN[rules]
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled() and not (
-            torch.is_deterministic_algorithms_warn_only_enabled()
-        )
-    if fa3_enabled is None:
-        getter = getattr(torch._C, "_get_fa3_sdp_enabled", None)
-        fa3_enabled = bool(getter()) if getter is not None else False
-    return _Env(
-        rules=rules,
-        cudnn=int(cudnn_version),
-        cuda=_cuda_version_tuple(cuda_version),
-        enabled=_resolve_enabled(enabled),
-        deterministic=bool(deterministic),
-        fa3=bool(fa3_enabled),
-    )
 
 
 def explain_sdpa_choice(
@@ -749,84 +681,89 @@ def explain_sdpa_choice(
     priority: Sequence[str] | None = None,
 ) -> SDPAChoice:
     """Like :func:`choose_sdpa_backend`, but also says why each backend was turned down."""
-    p = _make_params(
-        compute_capability=compute_capability,
+    cc = _as_tuple(compute_capability, "compute_capability")
+    if cc is None or len(cc) != 2:
+        raise ConfigError(f"compute_capability must be (major, minor), got {compute_capability!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise ConfigError(f"dtype must be a torch.dtype, got {dtype!r}")
+    q = _as_tuple(q_shape, "q_shape") or ()
+    k = _as_tuple(k_shape, "k_shape") or ()
+    v = _as_tuple(v_shape, "v_shape") or ()
+    if min(len(q), len(k), len(v)) < 2:
+        raise ConfigError("query, key and value must be at least 2-D")
+    if has_attn_mask and attn_mask_dtype is not None:
+        # validate_sdpa_input: the mask is bool, float32 or the query dtype.
+        if attn_mask_dtype not in (torch.bool, torch.float32, dtype):
+            raise ConfigError(
+                f"attn_mask dtype must be bool, float32 or {_dtype_name(dtype)}, "
+                f"got {_dtype_name(attn_mask_dtype)}"
+            )
+    offsets = _as_tuple(storage_offsets, "storage_offsets") or (0, 0, 0)
+    if len(offsets) != 3:
+        raise ConfigError(f"storage_offsets must be three ints (q, k, v), got {storage_offsets!r}")
+    mask_shape = _as_tuple(attn_mask_shape, "attn_mask_shape") if has_attn_mask else None
+    mask_stride = _as_tuple(attn_mask_stride, "attn_mask_stride") if has_attn_mask else None
+    if mask_stride is None and mask_shape is not None:
+        mask_stride = _contiguous_stride(mask_shape)
+    p = _Params(
+        cc=(cc[0], cc[1]),
         dtype=dtype,
-        q_shape=q_shape,
-        k_shape=k_shape,
-        v_shape=v_shape,
-        has_attn_mask=has_attn_mask,
-        attn_mask_dtype=attn_mask_dtype,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
-        enable_gqa=enable_gqa,
-        requires_grad=requires_grad,
-        q_stride=q_stride,
-        k_stride=k_stride,
-        v_stride=v_stride,
-        attn_mask_shape=attn_mask_shape,
-        attn_mask_stride=attn_mask_stride,
-        attn_mask_requires_grad=attn_mask_requires_grad,
-        storage_offsets=storage_offsets,
+        q=q,
+        k=k,
+        v=v,
+        q_stride=_as_tuple(q_stride, "q_stride") or _contiguous_stride(q),
+        k_stride=_as_tuple(k_stride, "k_stride") or _contiguous_stride(k),
+        v_stride=_as_tuple(v_stride, "v_stride") or _contiguous_stride(v),
+        offsets=(offsets[0], offsets[1], offsets[2]),
+        has_mask=bool(has_attn_mask),
+        mask_shape=mask_shape,
+        mask_stride=mask_stride,
+        mask_requires_grad=bool(attn_mask_requires_grad) and bool(has_attn_mask),
+        dropout=float(dropout_p),
+        is_causal=bool(is_causal),
+        enable_gqa=bool(enable_gqa),
+        requires_grad=bool(requires_grad),
     )
-    env = _make_env(
-        torch_version=torch_version,
-        cudnn_version=cudnn_version,
-        cuda_version=cuda_version,
-        enabled=enabled,
-        deterministic=deterministic,
-        fa3_enabled=fa3_enabled,
+    rules = _rules_for(torch_version)
+    if cudnn_version is None:  # this process's cuDNN for the running torch, else the wheel's
+        local = _local_cudnn_version() if torch_version is None else None
+        cudnn_version = local or _WHEEL_CUDNN[rules]
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled() and not (
+            torch.is_deterministic_algorithms_warn_only_enabled()
+        )
+    if fa3_enabled is None:
+        getter = getattr(torch._C, "_get_fa3_sdp_enabled", None)
+        fa3_enabled = bool(getter()) if getter is not None else False
+    env = _Env(
+        rules=rules,
+        cudnn=int(cudnn_version),
+        cuda=_cuda_version_tuple(cuda_version),
+        enabled=_resolve_enabled(enabled),
+        deterministic=bool(deterministic),
+        fa3=bool(fa3_enabled),
     )
-    reasons: dict[str, str | None] = {
-        "flash": _flash_reasons(p, env),
-        "efficient": _efficient_reasons(p, env),
-        "cudnn": _cudnn_reasons(p, env),
-        "math": None if env.enabled["math"] else "disabled (enable_math_sdp(False))",
-    }
-    order = _priority_order(p.cc, env)
-    if priority is None:
-        priority = _user_priority()
-    if priority is not None:
-        order = _normalize_priority(priority, order)
-    # select_sdp_backend: the first backend in priority order whose checks all pass.
-    for backend in order:
-        if reasons[backend] is None:
-            return SDPAChoice(backend=backend, order=order, reasons=reasons)
-    details = "; ".join(f"{name}: {reasons[name]}" for name in SDPA_BACKENDS)
-    raise TraceError(
-        f"No available SDPA kernel on sm{p.cc[0]}{p.cc[1]} (torch would abort): {details}",
-        op="aten::scaled_dot_product_attention",
-    )
+    return _select(p, env, priority)
 
 
-def choose_sdpa_backend(
-    *,
-    compute_capability: tuple[int, int],
-    dtype: torch.dtype,
-    q_shape: Sequence[int],
-    k_shape: Sequence[int],
-    v_shape: Sequence[int],
-    has_attn_mask: bool,
-    attn_mask_dtype: torch.dtype | None,
-    dropout_p: float,
-    is_causal: bool,
-    enable_gqa: bool,
-    requires_grad: bool,
-    q_stride: Sequence[int] | None = None,
-    k_stride: Sequence[int] | None = None,
-    v_stride: Sequence[int] | None = None,
-    enabled: dict[str, bool] | None = None,
-    attn_mask_shape: Sequence[int] | None = None,
-    attn_mask_stride: Sequence[int] | None = None,
-    attn_mask_requires_grad: bool = False,
-    storage_offsets: Sequence[int] | None = None,
-    torch_version: str | Sequence[int] | None = None,
-    cudnn_version: int | None = None,
-    cuda_version: str | Sequence[int] | None = None,
-    deterministic: bool | None = None,
-    fa3_enabled: bool | None = None,
-    priority: Sequence[str] | None = None,
-) -> str:
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _parameters_of(source: Callable[_P, Any]) -> Callable[[Callable[..., _R]], Callable[_P, _R]]:
+    """Give the decorated function ``source``'s parameters (for inspect, help() and typing)."""
+
+    def apply(fn: Callable[..., _R]) -> Callable[_P, _R]:
+        returns = inspect.signature(fn).return_annotation
+        signature = inspect.signature(source).replace(return_annotation=returns)
+        fn.__signature__ = signature  # type: ignore[attr-defined]
+        return fn
+
+    return apply
+
+
+@_parameters_of(explain_sdpa_choice)
+def choose_sdpa_backend(**kwargs: Any) -> str:
     """The SDPA backend PyTorch's CUDA ``select_sdp_backend`` would pick on the target GPU.
 
     Returns one of :data:`SDPA_BACKENDS`. Shapes are those the kernel sees: 4-D
@@ -857,33 +794,7 @@ def choose_sdpa_backend(
     Raises :class:`blink.errors.TraceError` where torch would fail with "No available kernel"
     (every fused kernel turned down and math disabled).
     """
-    return explain_sdpa_choice(
-        compute_capability=compute_capability,
-        dtype=dtype,
-        q_shape=q_shape,
-        k_shape=k_shape,
-        v_shape=v_shape,
-        has_attn_mask=has_attn_mask,
-        attn_mask_dtype=attn_mask_dtype,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
-        enable_gqa=enable_gqa,
-        requires_grad=requires_grad,
-        q_stride=q_stride,
-        k_stride=k_stride,
-        v_stride=v_stride,
-        enabled=enabled,
-        attn_mask_shape=attn_mask_shape,
-        attn_mask_stride=attn_mask_stride,
-        attn_mask_requires_grad=attn_mask_requires_grad,
-        storage_offsets=storage_offsets,
-        torch_version=torch_version,
-        cudnn_version=cudnn_version,
-        cuda_version=cuda_version,
-        deterministic=deterministic,
-        fa3_enabled=fa3_enabled,
-        priority=priority,
-    ).backend
+    return explain_sdpa_choice(**kwargs).backend
 
 
 def _input_requires_grad(*tensors: torch.Tensor) -> bool:
@@ -891,15 +802,21 @@ def _input_requires_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _unbatched_rules_apply(
-    rules: tuple[int, int], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
-) -> bool:
-    # sdp::normalize_unbatched_input (2.14): strided 3-D q, k and v run as a batch of one.
-    return (
-        rules >= (2, 14)
-        and query.dim() == key.dim() == value.dim() == 3
-        and all(t.layout == torch.strided for t in (query, key, value))
-    )
+def _as_batch_of_one(
+    rules: tuple[int, int],
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    # sdp::normalize_unbatched_input (2.14): strided 3-D q, k and v (and a 3-D mask) run as a
+    # batch of one; None where that does not apply.
+    tensors = (query, key, value)
+    if rules < _V_UNBATCHED or any(t.dim() != 3 or t.layout != torch.strided for t in tensors):
+        return None
+    if attn_mask is not None and attn_mask.dim() == 3:
+        attn_mask = attn_mask.unsqueeze(0)
+    return query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0), attn_mask
 
 
 def choose_sdpa_backend_for_tensors(
@@ -921,11 +838,9 @@ def choose_sdpa_backend_for_tensors(
     priority: Sequence[str] | None = None,
 ) -> str:
     """:func:`choose_sdpa_backend` for (meta or real) tensors, as ``F.sdpa`` would see them."""
-    rules = _rules_for(_parse_version(torch_version))
-    if _unbatched_rules_apply(rules, query, key, value):
-        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
-        if attn_mask is not None and attn_mask.dim() == 3:
-            attn_mask = attn_mask.unsqueeze(0)
+    batched = _as_batch_of_one(_rules_for(torch_version), query, key, value, attn_mask)
+    if batched is not None:
+        query, key, value, attn_mask = batched
     return choose_sdpa_backend(
         compute_capability=compute_capability,
         dtype=query.dtype,
@@ -1021,14 +936,9 @@ def call_fused_sdpa(
     and only the math op repeats key/value heads (``repeat_interleave``, when ``enable_gqa``).
     ``enable_gqa`` is therefore only used by ``math``.
     """
+    if backend not in SDPA_BACKENDS:
+        raise ConfigError(f"unknown SDPA backend {backend!r}; use one of {SDPA_BACKENDS}")
     ops = torch.ops.aten
-    if backend == "cudnn":
-        mask = _convert_boolean_attn_mask(attn_mask, query.dtype)
-        lse = _input_requires_grad(query, key, value)
-        out = ops._scaled_dot_product_cudnn_attention(
-            query, key, value, mask, lse, dropout_p, is_causal, False, scale=scale
-        )
-        return out[0]
     if backend == "flash":
         if attn_mask is not None:
             raise ConfigError("flash attention takes no attn_mask; choose another backend")
@@ -1045,22 +955,21 @@ def call_fused_sdpa(
         )[0]
         # post_process_flash_output: slice the padded head dim away.
         return out[..., :og_size] if out.size(-1) != og_size else out
-    if backend == "efficient":
-        mask = _convert_boolean_attn_mask(attn_mask, query.dtype)
-        if mask is not None:
-            mask = _preprocess_mask(mask, query, key)
-        lse = _input_requires_grad(query, key, value)
-        out = ops._scaled_dot_product_efficient_attention(
-            query, key, value, mask, lse, dropout_p, is_causal, scale=scale
-        )
-        return out[0]
+    mask = _convert_boolean_attn_mask(attn_mask, query.dtype)
     if backend == "math":
-        mask = _convert_boolean_attn_mask(attn_mask, query.dtype)
-        out = ops._scaled_dot_product_attention_math(
+        return ops._scaled_dot_product_attention_math(
             query, key, value, mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
-        )
-        return out[0]
-    raise ConfigError(f"unknown SDPA backend {backend!r}; use one of {SDPA_BACKENDS}")
+        )[0]
+    lse = _input_requires_grad(query, key, value)  # compute_log_sumexp
+    if backend == "cudnn":
+        return ops._scaled_dot_product_cudnn_attention(
+            query, key, value, mask, lse, dropout_p, is_causal, False, scale=scale
+        )[0]
+    if mask is not None:
+        mask = _preprocess_mask(mask, query, key)
+    return ops._scaled_dot_product_efficient_attention(
+        query, key, value, mask, lse, dropout_p, is_causal, scale=scale
+    )[0]
 
 
 def _empty_output(
@@ -1068,9 +977,9 @@ def _empty_output(
 ) -> torch.Tensor | None:
     # attention.cpp (2.12+): empty inputs return zeros (+ 0 * the input sums, to keep autograd).
     out_shape = (*query.shape[:-1], value.size(-1))
-    if rules >= (2, 13):
+    if rules >= _V_EMPTY_OUTPUT:
         empty = math.prod(out_shape) == 0 or key.size(-2) == 0
-    elif rules >= (2, 12):
+    elif rules >= _V_EMPTY_INPUTS:
         empty = query.numel() == 0 or key.numel() == 0 or value.numel() == 0
     else:
         return None
@@ -1111,19 +1020,19 @@ def target_scaled_dot_product_attention(
             "query, key and value must share a dtype, got "
             f"{_dtype_name(query.dtype)}, {_dtype_name(key.dtype)}, {_dtype_name(value.dtype)}"
         )
-    rules = _rules_for(_parse_version(torch_version))
-    if _unbatched_rules_apply(rules, query, key, value):
-        mask = attn_mask
-        if mask is not None and mask.dim() == 3:
-            mask = mask.unsqueeze(0)
-        out = target_scaled_dot_product_attention(
-            query.unsqueeze(0),
-            key.unsqueeze(0),
-            value.unsqueeze(0),
-            mask,
+    rules = _rules_for(torch_version)
+    batched = _as_batch_of_one(rules, query, key, value, attn_mask)
+    if batched is not None:
+        query, key, value, attn_mask = batched
+    out = _empty_output(rules, query, key, value)
+    if out is None:
+        backend = choose_sdpa_backend_for_tensors(
+            query,
+            key,
+            value,
+            attn_mask,
             dropout_p,
             is_causal,
-            scale,
             enable_gqa,
             compute_capability=compute_capability,
             enabled=enabled,
@@ -1134,27 +1043,7 @@ def target_scaled_dot_product_attention(
             fa3_enabled=fa3_enabled,
             priority=priority,
         )
-        return out.squeeze(0)
-    empty = _empty_output(rules, query, key, value)
-    if empty is not None:
-        return empty
-    backend = choose_sdpa_backend_for_tensors(
-        query,
-        key,
-        value,
-        attn_mask,
-        dropout_p,
-        is_causal,
-        enable_gqa,
-        compute_capability=compute_capability,
-        enabled=enabled,
-        torch_version=torch_version,
-        cudnn_version=cudnn_version,
-        cuda_version=cuda_version,
-        deterministic=deterministic,
-        fa3_enabled=fa3_enabled,
-        priority=priority,
-    )
-    return call_fused_sdpa(
-        backend, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
-    )
+        out = call_fused_sdpa(
+            backend, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+        )
+    return out if batched is None else out.squeeze(0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,15 +27,13 @@ from blink.sdpa import (
     target_scaled_dot_product_attention,
 )
 
+# The golden file's codes, from the scripts that write it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "sdpa_oracle"))
+from golden_format import DTYPE_NAMES, SELECTED_CODES, USABLE_BITS  # noqa: E402
+
 GOLDEN = Path(__file__).parent / "data" / "sdpa_oracle_golden.json.gz"
 ALL_ON = {"flash": True, "efficient": True, "cudnn": True, "math": True}
-DTYPES = {
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-    "fp32": torch.float32,
-    "fp64": torch.float64,
-    "bool": torch.bool,
-}
+DTYPES = {code: getattr(torch, name) for code, name in DTYPE_NAMES.items()}
 
 H100 = (9, 0)  # also H200
 B200 = (10, 0)
@@ -368,7 +367,7 @@ def _case_kwargs(case, config):
 @pytest.mark.parametrize("version", ["2.11", "2.12", "2.13", "2.14"])
 def test_matches_torch_select_sdp_backend(version):
     golden = _golden()
-    codes = {"F": "flash", "E": "efficient", "C": "cudnn", "M": "math", "X": "error"}
+    codes = {code: name for name, code in SELECTED_CODES.items()}
     configs = [c for c in golden["configs"] if c["torch"] == version]
     assert configs, f"no golden data for torch {version}"
     mismatches = []
@@ -383,9 +382,9 @@ def test_matches_torch_select_sdp_backend(version):
             bits = int(config["usable"][i], 16)
             ok = got == want
             if usable is not None:
-                ok = ok and (usable["flash"] is None) == bool(bits & 1)
-                ok = ok and (usable["efficient"] is None) == bool(bits & 2)
-                ok = ok and (usable["cudnn"] is None) == bool(bits & 4)
+                ok = ok and all(
+                    (usable[name] is None) == bool(bits & bit) for name, bit in USABLE_BITS.items()
+                )
             if not ok:
                 mismatches.append((config["sm"], config["cudnn"], case, got, want, bits))
     assert not mismatches, f"{len(mismatches)} mismatches, e.g. {mismatches[:3]}"
@@ -428,21 +427,17 @@ def test_choose_for_tensors():
         assert choose_sdpa_backend_for_tensors(g, g, g, dropout_p=0.1, **kw86) == "flash"
 
 
-BACKEND_DTYPES = [
-    ("flash", torch.float16),
-    ("flash", torch.bfloat16),
-    ("efficient", torch.float16),
-    ("efficient", torch.bfloat16),
-    ("efficient", torch.float32),
-    ("cudnn", torch.float16),
-    ("cudnn", torch.bfloat16),
-    ("math", torch.float16),
-    ("math", torch.bfloat16),
-    ("math", torch.float32),
-]
+HALF = (torch.float16, torch.bfloat16)
+# the dtypes each backend's aten op takes
+BACKEND_DTYPES = {
+    "flash": HALF,
+    "efficient": (*HALF, torch.float32),
+    "cudnn": HALF,
+    "math": (*HALF, torch.float32),
+}
 
 
-@pytest.mark.parametrize("backend,dtype", BACKEND_DTYPES)
+@pytest.mark.parametrize("backend,dtype", [(b, d) for b, ds in BACKEND_DTYPES.items() for d in ds])
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize("blhe", [False, True])
 def test_call_fused_sdpa_on_meta(backend, dtype, requires_grad, blhe):
@@ -523,45 +518,16 @@ def test_override_scaled_dot_product_attention():
     # What Blink's tracer does: replace aten::scaled_dot_product_attention while tracing.
     seen = []
 
-    def fn(
-        query,
-        key,
-        value,
-        attn_mask=None,
-        dropout_p=0.0,
-        is_causal=False,
-        scale=None,
-        enable_gqa=False,
-    ):
-        if query.device.type != "meta":
-            return torch.ops.aten._scaled_dot_product_attention_math(
-                query,
-                key,
-                value,
-                attn_mask,
-                dropout_p,
-                is_causal,
-                None,
-                scale=scale,
-                enable_gqa=enable_gqa,
-            )[0]
-        backend = choose_sdpa_backend_for_tensors(
-            query,
-            key,
-            value,
-            attn_mask,
-            dropout_p,
-            is_causal,
-            enable_gqa,
-            compute_capability=H100,
-            torch_version="2.11",
-            enabled=ALL_ON,
-            deterministic=False,
-        )
+    target = {"compute_capability": H100, "torch_version": "2.11", "enabled": ALL_ON}
+
+    def fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        args = (q, k, v, attn_mask, dropout_p, is_causal)
+        if q.device.type != "meta":
+            math_sdpa = torch.ops.aten._scaled_dot_product_attention_math
+            return math_sdpa(*args, None, scale=scale, enable_gqa=enable_gqa)[0]
+        backend = choose_sdpa_backend_for_tensors(*args, enable_gqa, **target, deterministic=False)
         seen.append(backend)
-        return call_fused_sdpa(
-            backend, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
-        )
+        return call_fused_sdpa(backend, *args, scale, enable_gqa)
 
     lib = torch.library.Library("aten", "IMPL")
     try:

@@ -16,6 +16,10 @@ def _contiguous(shape: list[int]) -> list[int]:
     return list(reversed(stride))
 
 
+def _case(dtype: str, q: list[int], k: list[int], v: list[int], **extra: Any) -> Case:
+    return {"dtype": dtype, "q": q, "k": k, "v": v, **extra}
+
+
 def _blhe(shape: list[int]) -> list[int]:
     """Strides of a (B, H, L, E) view of a contiguous (B, L, H, E) tensor."""
     _, heads, seq, dim = shape
@@ -31,47 +35,17 @@ def grid_cases() -> list[Case]:
                 for dropout in (0.0, 0.1, 0.125):
                     shape = [2, 8, 256, dim]
                     cases.append(
-                        {
-                            "dtype": dtype,
-                            "q": shape,
-                            "k": shape,
-                            "v": shape,
-                            "requires_grad": grad,
-                            "dropout": dropout,
-                        }
+                        _case(dtype, shape, shape, shape, requires_grad=grad, dropout=dropout)
                     )
         for d_qk, d_v in ((192, 128), (256, 256), (128, 64), (192, 192), (256, 128)):
             for grad in (False, True):
-                cases.append(
-                    {
-                        "dtype": dtype,
-                        "q": [2, 8, 256, d_qk],
-                        "k": [2, 8, 256, d_qk],
-                        "v": [2, 8, 256, d_v],
-                        "requires_grad": grad,
-                    }
-                )
+                qk, v = [2, 8, 256, d_qk], [2, 8, 256, d_v]
+                cases.append(_case(dtype, qk, qk, v, requires_grad=grad))
         for seq_q in (1, 2):
             for dropout in (0.0, 0.125):
-                cases.append(
-                    {
-                        "dtype": dtype,
-                        "q": [4, 32, seq_q, 128],
-                        "k": [4, 8, 4096, 128],
-                        "v": [4, 8, 4096, 128],
-                        "enable_gqa": True,
-                        "dropout": dropout,
-                    }
-                )
-                cases.append(
-                    {
-                        "dtype": dtype,
-                        "q": [4, 32, seq_q, 128],
-                        "k": [4, 32, 4096, 128],
-                        "v": [4, 32, 4096, 128],
-                        "dropout": dropout,
-                    }
-                )
+                q, gqa_kv, kv = [4, 32, seq_q, 128], [4, 8, 4096, 128], [4, 32, 4096, 128]
+                cases.append(_case(dtype, q, gqa_kv, gqa_kv, enable_gqa=True, dropout=dropout))
+                cases.append(_case(dtype, q, kv, kv, dropout=dropout))
     return cases
 
 
@@ -129,7 +103,7 @@ def random_case(rng: random.Random) -> Case:
     q = [batch, heads, seq_q, d_qk]
     k = [batch_kv, heads_k, seq_k, d_qk]
     v = [batch_kv, heads_v, seq_k, d_v]
-    case: Case = {"dtype": dtype, "q": q, "k": k, "v": v, "enable_gqa": gqa}
+    case = _case(dtype, q, k, v, enable_gqa=gqa)
     if rng.random() < 0.03:  # unbatched (3-D) inputs
         case["q"], case["k"], case["v"] = q[1:], k[1:], v[1:]
     else:

@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_cases import make_cases  # noqa: E402
+from golden_format import SELECTED_CODES, USABLE_BITS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 # cuDNN of each torch minor's cu130 wheel (nvidia-cudnn-cu13 pin).
@@ -53,7 +54,6 @@ GPUS = [
 ]
 CUDNN_SWEEP_GPUS = ["9.0", "10.0", "10.7", "11.0"]
 CUDNN_SWEEP = [91200, 91500, 91600, 92200, 92300, 92401, 92500, 92600]
-CODES = {"flash": "F", "efficient": "E", "cudnn": "C", "math": "M", "error": "X"}
 
 
 def _run(job: tuple[str, str, str, int], shim: str, cases_file: str) -> dict[str, Any]:
@@ -79,11 +79,8 @@ def _run(job: tuple[str, str, str, int], shim: str, cases_file: str) -> dict[str
         "build": f"{out['torch']} ({out['git_version'][:12]})",
         "sm": gpu,
         "cudnn": cudnn,
-        "selected": "".join(CODES[r["selected"]] for r in results),
-        # one hex digit per case: 1 flash usable, 2 efficient usable, 4 cudnn usable
-        "usable": "".join(
-            f"{r['flash'] * 1 + r['efficient'] * 2 + r['cudnn'] * 4:x}" for r in results
-        ),
+        "selected": "".join(SELECTED_CODES[r["selected"]] for r in results),
+        "usable": "".join(f"{sum(b for k, b in USABLE_BITS.items() if r[k]):x}" for r in results),
     }
 
 

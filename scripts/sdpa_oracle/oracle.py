@@ -23,15 +23,10 @@ import sys
 from typing import Any
 
 import torch
+from golden_format import DTYPE_NAMES
 
 _NAMES = {-1: "error", 0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
-DTYPES = {
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-    "fp32": torch.float32,
-    "fp64": torch.float64,
-    "bool": torch.bool,
-}
+DTYPES = {code: getattr(torch, name) for code, name in DTYPE_NAMES.items()}
 
 
 class SdpParams(ctypes.Structure):
