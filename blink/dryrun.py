@@ -245,6 +245,7 @@ def trace_model(
     gpu: str = "H200",
     loss_fn: Callable[[object], torch.Tensor] | None = None,
     nonzero: str = "error",
+    first_step: bool = False,
 ) -> Trace:
     """Dry-run an inference forward or one whole training step and return its Trace.
 
@@ -252,19 +253,56 @@ def trace_model(
     `inputs` (tensors on any device; only their shapes and dtypes are used), from `input_shape`
     (batch dimension first; `batch_size` replaces it), or, for zoo models, from `batch_size` and
     `seq_len`. mode="train" runs forward, loss, backward and `optimizer.step()`.
+
+    A training step is traced in steady state, as a GPU run is timed after warm-up: the
+    optimizer's state (AdamW moments, momentum) exists before the step, so it counts as resident
+    memory and the step does not include creating it. first_step=True traces the very first step
+    instead (state created inside it).
     """
     p = prepare(model, inputs, input_shape=input_shape, batch_size=batch_size, seq_len=seq_len,
                 dtype=dtype, mode=mode, optimizer=optimizer)
+    opt = None
+    if not first_step:
+        opt = make_optimizer(p)
+        if opt is not None:
+            _prime_optimizer_state(opt)
+    p.meta["first_step"] = bool(first_step) if mode == "train" else None
     with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta) as result:
-        execute(p, loss_fn=loss_fn)
+        execute(p, loss_fn=loss_fn, optimizer=opt)
     return result
 
 
-def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = None) -> None:
-    """Run the prepared inference forward or training step (traced or not: the caller decides)."""
-    mode = p.meta["mode"]
+def _prime_optimizer_state(opt: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state with one untraced step on zero gradients (meta tensors: no
+    arithmetic happens), without the cost of a whole forward and backward."""
+    params = [q for group in opt.param_groups for q in group["params"]]
+    for q in params:
+        q.grad = torch.zeros_like(q)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def make_optimizer(p: Prepared) -> torch.optim.Optimizer | None:
+    """The optimizer `execute` makes for `p` (None in inference mode or with optimizer='none').
+    Pass one to `execute(p, optimizer=...)` to run several steps with the same state."""
+    if p.meta["mode"] != "train":
+        return None
     params = [q for q in p.net.parameters() if q.requires_grad]
-    opt = _make_optimizer(p.meta["optimizer"] or "none", params) if mode == "train" else None
+    return _make_optimizer(p.meta["optimizer"] or "none", params)
+
+
+def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = None,
+            optimizer: torch.optim.Optimizer | None = None,
+            on_phase: Callable[[int], None] | None = None) -> None:
+    """Run the prepared inference forward or training step (traced or not: the caller decides).
+
+    optimizer: the one to step (keeps its state across calls); None makes a fresh one, so the
+    step includes creating the optimizer state. on_phase(code) is called with 1 before the
+    backward pass, 2 before the optimizer step and 0 after each (phase markers for a tracer
+    other than blink's own, e.g. blink._cupti).
+    """
+    mode = p.meta["mode"]
+    opt = optimizer if optimizer is not None else make_optimizer(p)
     with ExitStack() as stack:
         amp = stack.enter_context(ExitStack())
         if p.amp_dtype is not None:
@@ -283,10 +321,18 @@ def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = N
         tracing = _C.tracer_active()
         if tracing:
             _C.tracer_set_phase(1)
+        if on_phase is not None:
+            on_phase(1)
         loss.backward()
         del loss
         if tracing:
             _C.tracer_set_phase(0)
+        if on_phase is not None:
+            on_phase(0)
         if opt is not None:
-            opt.step()  # the optimizer hooks mark its phase
+            if on_phase is not None:
+                on_phase(2)
+            opt.step()  # the optimizer hooks mark its phase for blink's tracer
             opt.zero_grad(set_to_none=True)
+            if on_phase is not None:
+                on_phase(0)

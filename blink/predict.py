@@ -239,15 +239,16 @@ def predict(
     loss_fn: Callable[[object], torch.Tensor] | None = None,
     nonzero: str = "error",
     expandable_segments: bool | None = None,
+    first_step: bool = False,
 ) -> Prediction:
     """Predict time and memory of `model` on `gpu` without running it there.
 
     Same inputs as blink.trace_model (a module or zoo name; `inputs`, `input_shape` or, for zoo
     models, `batch_size` / `seq_len`); mode="train" is forward, loss, backward and
-    `optimizer.step()`.
+    `optimizer.step()`, in steady state (optimizer state already resident) unless first_step.
     """
     spec = get_gpu(gpu)  # fail on an unknown GPU before tracing
     t = trace_model(model, inputs, input_shape=input_shape, batch_size=batch_size,
                     seq_len=seq_len, dtype=dtype, mode=mode, optimizer=optimizer,
-                    gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero)
+                    gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step)
     return predict_trace(t, spec.name, expandable_segments=expandable_segments)
