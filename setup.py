@@ -1,12 +1,16 @@
 """Build blink._C (the tracer and the torch-free core) with torch's C++ extension helpers.
 
 Build with `pip install --no-build-isolation .` so the extension compiles against the torch
-that is installed (torch 2.11 to 2.14). CUPTI support is a separate, optional module.
+that is installed (torch 2.11 to 2.14). CUPTI support is a separate, optional module,
+blink._cupti, built only where a CUPTI for torch's CUDA version is found
+(csrc/cupti/find_cupti.py; BLINK_WITH_CUPTI=0 skips it, =1 requires it).
 """
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
+import sys
 
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -42,6 +46,31 @@ def get_extensions() -> list:
             "blink._C",
             sources,
             include_dirs=[os.path.join(ROOT, "csrc", "include")],
+            extra_compile_args={"cxx": cxx},
+        )
+    ] + cupti_extensions(cxx)
+
+
+def cupti_extensions(cxx: list[str]) -> list:
+    """blink._cupti where a CUPTI matching torch's CUDA is found; says which in the build log."""
+    path = os.path.join(ROOT, "csrc", "cupti", "find_cupti.py")
+    spec = importlib.util.spec_from_file_location("blink_find_cupti", path)
+    finder = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = finder  # dataclasses look their module up there
+    spec.loader.exec_module(finder)
+    build, search, line = finder.decide()  # RuntimeError when BLINK_WITH_CUPTI=1 cannot build
+    print(line, flush=True)
+    if not build:
+        return []
+    found = search.found
+    return [
+        CppExtension(
+            "blink._cupti",
+            sorted(glob.glob(os.path.join("csrc", "cupti", "*.cpp"))),
+            include_dirs=[os.path.join(ROOT, "csrc", "include"), *found.include_dirs],
+            library_dirs=[found.library_dir],
+            libraries=[":" + found.library],  # the exact soname torch loads (libcupti.so.N)
+            extra_link_args=[f"-Wl,-rpath,{found.library_dir}"],
             extra_compile_args={"cxx": cxx},
         )
     ]

@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the predicted timeline as a Chrome/Perfetto trace")
     p.add_argument("--top", type=int, default=15, help="op rows in the table (default 15)")
     p.set_defaults(func=_cmd_predict)
+    from .collect.cli import add_collect_parser
+
+    add_collect_parser(sub)
     sub.add_parser("models", help="list the model zoo").set_defaults(func=_cmd_models)
     sub.add_parser("gpus", help="list the known GPUs").set_defaults(func=_cmd_gpus)
     return parser

@@ -43,3 +43,8 @@ class DataDependentError(TraceError):
 
 class MissingMetaKernelError(TraceError):
     """An op (often a custom one) with no meta kernel, so it cannot run in a dry run."""
+
+
+class DatasetError(BlinkError, ValueError):
+    """A collected dataset (blink collect's output) that is missing, truncated, corrupted or of
+    another schema version; the message names the file, and the line or column when known."""
