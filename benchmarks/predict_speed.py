@@ -10,31 +10,15 @@ Model build and input creation are not timed (the same prepared model is reused)
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from _common import CASES, median_seconds
 
 from blink.cost import core_gpu_spec
 from blink.dryrun import execute, prepare
 from blink.hardware import get_gpu
 from blink.predict import cublas_workspace_bytes, predict_trace
 from blink.trace import cuda_sdpa, trace
-
-CASES = [
-    ("torchvision:resnet50", {"batch_size": 32}),
-    ("hf:bert-base", {"batch_size": 8, "seq_len": 512}),
-    ("hf:llama-7b", {"batch_size": 1, "seq_len": 2048}),
-]
-
-
-def _median(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -73,9 +57,9 @@ def main() -> None:
                 out["p"] = predict_trace(t, a.gpu)
 
             plain()
-            tp = _median(plain, a.repeats)
-            tc = _median(trace_cost, a.repeats)
-            tf = _median(full, a.repeats)
+            tp = median_seconds(plain, a.repeats)
+            tc = median_seconds(trace_cost, a.repeats)
+            tf = median_seconds(full, a.repeats)
             pred = out["p"]
             print(f"{name:<22} {mode:<10} {tp * 1e3:>9.1f} {tc * 1e3:>14.1f} {tf * 1e3:>11.1f} "
                   f"{tc / tp:>18.2f}x {tf / tp:>13.2f}x {len(pred.units):>7} "

@@ -10,29 +10,13 @@ the Python Op objects (done lazily, only when a user reads `trace.ops`).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from _common import CASES, median_seconds
 from torch.utils.flop_counter import FlopCounterMode
 
 from blink.dryrun import execute, prepare
 from blink.trace import cuda_sdpa, trace
-
-CASES = [
-    ("torchvision:resnet50", {"batch_size": 32}),
-    ("hf:bert-base", {"batch_size": 8, "seq_len": 512}),
-    ("hf:llama-7b", {"batch_size": 1, "seq_len": 2048}),
-]
-
-
-def _median(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -70,10 +54,10 @@ def main() -> None:
                     execute(p)
 
             plain()  # warm caches (meta kernels, imports) once
-            tp = _median(plain, a.repeats)
-            tb = _median(traced, a.repeats)
-            to = _median(traced_ops, a.repeats)
-            tf = _median(flopctr, a.repeats)
+            tp = median_seconds(plain, a.repeats)
+            tb = median_seconds(traced, a.repeats)
+            to = median_seconds(traced_ops, a.repeats)
+            tf = median_seconds(flopctr, a.repeats)
             print(f"{name:<22} {mode:<10} {tp * 1e3:>9.1f} {tb * 1e3:>9.1f} {to * 1e3:>9.1f} "
                   f"{tf * 1e3:>10.1f} {tb / tp:>10.2f}x {to / tp:>9.2f}x {tf / tp:>12.2f}x "
                   f"{n_ops[0]:>7}", flush=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -19,18 +20,24 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="write JSON instead of the table (to PATH, or stdout without one)")
 
 
+def _emit(a: argparse.Namespace, table: Callable[[], str],
+          to_json: Callable[[str | None], str]) -> None:
+    """The table, or JSON to stdout (--json) or to a file (--json PATH)."""
+    if a.json is None:
+        print(table())
+    elif a.json == "-":
+        sys.stdout.write(to_json(None) + "\n")
+    else:
+        to_json(a.json)
+        print(f"wrote {a.json}")
+
+
 def _cmd_trace(a: argparse.Namespace) -> int:
     from .dryrun import trace_model
 
     t = trace_model(a.model, batch_size=a.batch_size, seq_len=a.seq_len, dtype=a.dtype,
                     mode=a.mode, optimizer=a.optimizer, gpu=a.gpu)
-    if a.json is None:
-        print(t.summary())
-    elif a.json == "-":
-        sys.stdout.write(t.to_json() + "\n")
-    else:
-        t.to_json(a.json)
-        print(f"wrote {a.json} ({len(t)} ops)")
+    _emit(a, t.summary, t.to_json)
     return 0
 
 
@@ -42,15 +49,8 @@ def _cmd_predict(a: argparse.Namespace) -> int:
                 expandable_segments=True if a.expandable_segments else None)
     if a.chrome_trace:
         p.to_chrome_trace(a.chrome_trace)
-    if a.json is None:
-        print(p.table(max_rows=a.top))
-        if a.chrome_trace:
-            print(f"timeline written to {a.chrome_trace} (open in ui.perfetto.dev)")
-    elif a.json == "-":
-        sys.stdout.write(p.to_json() + "\n")
-    else:
-        p.to_json(a.json)
-        print(f"wrote {a.json}")
+        print(f"timeline written to {a.chrome_trace} (open in ui.perfetto.dev)", file=sys.stderr)
+    _emit(a, lambda: p.table(max_rows=a.top), p.to_json)
     return 0
 
 

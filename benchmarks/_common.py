@@ -1,0 +1,22 @@
+"""What the speed benchmarks share: the benchmark models and a median timer."""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+# The foundation issue's benchmark cases: model, trace_model/prepare keyword arguments.
+CASES = [
+    ("torchvision:resnet50", {"batch_size": 32}),
+    ("hf:bert-base", {"batch_size": 8, "seq_len": 512}),
+    ("hf:llama-7b", {"batch_size": 1, "seq_len": 2048}),
+]
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
