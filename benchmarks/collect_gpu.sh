@@ -11,7 +11,11 @@
 #
 # Environment:
 #   BLINK_DEADLINE_S   wall-clock seconds the whole script may take (default 420); the
-#                      collection gets what the build, tests and validation leave, minus a margin
+#                      collection gets what the build, tests and validation leave, minus a margin.
+#                      Each Python step also runs under `timeout`, so that a hang (in CUPTI, say)
+#                      cannot eat the time of the steps after it.
+#   BLINK_VALIDATE_BUDGET_S  seconds after which the validation starts no further model
+#                      (default 100; it is killed 60 s after that)
 #   BLINK_PRESET       preset to collect (default h200)
 #   BLINK_DATASET      dataset name under data/ to resume and to ingest into (default h200)
 #   PYTHON             interpreter (default python3)
@@ -43,11 +47,27 @@ mkdir -p "$OUT"
 LOG="$OUT/gpu_run.log"
 CHECKS="$OUT/checks.json"
 exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
 
 elapsed() { echo $(( $(date +%s) - START )); }
 step() { echo; echo "== [$(elapsed)s] $*"; }
 STATUS=0
 declare -A RESULT
+
+# capped SECONDS CMD...: run CMD, killed after SECONDS (then SIGKILL 10 s later); says so.
+capped() {
+  local secs=$1 rc
+  shift
+  if [ "$secs" -lt 1 ]; then secs=1; fi
+  if ! command -v timeout >/dev/null; then
+    "$@"
+    return
+  fi
+  timeout -k 10 "$secs" "$@"
+  rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "TIMEOUT: killed after ${secs}s: $*"; fi
+  return $rc
+}
 
 finish() {
   # checks.json: what each step found (the log has the details), plus the validation report.
@@ -75,6 +95,9 @@ EOF
   echo "files: $n (limit 8); over 16 MiB: $big"
   if [ "$n" -gt 8 ] || [ "$big" -gt 0 ]; then echo "ERROR: output limits exceeded"; STATUS=1; fi
   step "done: exit $STATUS after $(elapsed)s"
+  # Let tee write the log's last lines before the script (and so the job) ends.
+  exec >&- 2>&-
+  wait "$TEE_PID" 2>/dev/null
   exit "$STATUS"
 }
 
@@ -94,10 +117,14 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,c
 for tool in ninja cmake g++ c++ nvcc; do printf '  %s: %s\n' "$tool" "$(command -v $tool || echo missing)"; done
 
 step "CUPTI search (csrc/cupti/find_cupti.py)"
-"$PY" csrc/cupti/find_cupti.py
+# BLINK_WITH_CUPTI=1: the finder exits 1 when no usable CUPTI is found (0 only says it ran).
+BLINK_WITH_CUPTI=1 "$PY" csrc/cupti/find_cupti.py
 RESULT[cupti_found]=$([ $? -eq 0 ] && echo true || echo false)
 
 step "build blink._C and blink._cupti in place (BLINK_WITH_CUPTI=1)"
+if ! command -v ninja >/dev/null; then
+  echo "WARNING: ninja is not on PATH: torch compiles the extensions one file at a time (minutes)"
+fi
 BUILD_LOG=/tmp/blink_build_$$.log
 if BLINK_WITH_CUPTI=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" setup.py build_ext --inplace >"$BUILD_LOG" 2>&1; then
   grep -E "^blink\._cupti:" "$BUILD_LOG"
@@ -112,6 +139,8 @@ else
 fi
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -m blink.info
+"$PY" -c "from blink import _cupti; print('blink._cupti built with', _cupti.build_info(), '| CUPTI library API', _cupti.library_api_version())" \
+  || echo "WARNING: blink._cupti does not load or cannot ask CUPTI its version"
 
 DEVICE=cuda
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -129,12 +158,13 @@ else
 fi
 
 step "GPU tests"
+# No -x: on the one GPU run, every failing test is worth seeing.
 if "$PY" -c "import pytest" 2>/dev/null; then
-  "$PY" -m pytest -q -x -p no:cacheprovider tests/test_cupti.py tests/test_collect.py
+  capped 150 "$PY" -m pytest -q -p no:cacheprovider --durations=8 tests/test_cupti.py tests/test_collect.py
   rc=$?
 else
   echo "pytest is not installed: running the tracer checks directly (--quick)"
-  "$PY" benchmarks/cupti_validate.py --quick --reps 2
+  capped 150 "$PY" benchmarks/cupti_validate.py --quick --reps 2
   rc=$?
 fi
 RESULT[tests]=$([ $rc -eq 0 ] && echo true || echo false)
@@ -142,7 +172,9 @@ RESULT[tests]=$([ $rc -eq 0 ] && echo true || echo false)
 
 step "CUPTI tracer vs torch.profiler"
 if [ "$DEVICE" = cuda ]; then
-  "$PY" benchmarks/cupti_validate.py --out "$OUT/validation.json"
+  VBUDGET="${BLINK_VALIDATE_BUDGET_S:-100}"
+  capped $(( VBUDGET + 60 )) "$PY" benchmarks/cupti_validate.py --out "$OUT/validation.json" \
+    --budget "$VBUDGET"
   rc=$?
   RESULT[cupti_validation_ok]=$([ $rc -eq 0 ] && echo true || echo false)
   [ $rc -eq 0 ] || STATUS=1
@@ -157,15 +189,23 @@ if [ "$DEVICE" = cuda ] && [ -f "data/$DATASET/provenance.json" ] \
   echo "resuming data/$DATASET"
   cp data/"$DATASET"/provenance.json data/"$DATASET"/progress.jsonl data/"$DATASET"/*.gz "$OUT/data/"
 fi
+# The margin covers the dataset check and the summary below; the collection starts no
+# configuration past its budget and is killed 12 s after it (a killed run is rolled back on
+# resume), so the script ends before the deadline.
 BUDGET=$(( DEADLINE - $(elapsed) - 25 ))
-if [ "$BUDGET" -lt 30 ]; then BUDGET=30; fi
+if [ "$BUDGET" -lt 20 ]; then
+  echo "ERROR: no time left for the collection (budget ${BUDGET}s): skipped"
+  RESULT[collect]=false
+  STATUS=1
+  finish
+fi
 echo "time budget: ${BUDGET}s"
-"$PY" -m blink.collect --preset "$PRESET" --out "$OUT/data" --device "$DEVICE" \
-  --time-budget "$BUDGET"
+capped $(( BUDGET + 12 )) "$PY" -m blink.collect --preset "$PRESET" --out "$OUT/data" \
+  --device "$DEVICE" --time-budget "$BUDGET"
 rc=$?
 RESULT[collect]=$([ $rc -eq 0 ] && echo true || echo false)
 [ $rc -eq 0 ] || STATUS=1
-"$PY" -m blink.collect --validate "$OUT/data"
+capped 20 "$PY" -m blink.collect --validate "$OUT/data"
 rc=$?
 RESULT[dataset_valid]=$([ $rc -eq 0 ] && echo true || echo false)
 [ $rc -eq 0 ] || STATUS=1

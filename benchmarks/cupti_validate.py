@@ -13,18 +13,30 @@ order; each unit's device time is the median over the passes. Checks, per model:
 - and, once: the tracer refuses to start inside torch.profiler, and torch.profiler still sees
   kernels after a blink trace (kineto re-registers its CUPTI callbacks).
 
+Also reported, for the first GPU run to tell what cannot be checked elsewhere: the CUPTI
+versions (headers built against, library loaded), launch API records per device activity (1.0
+expected; 2.0 would mean the driver call under each runtime launch is counted too), records
+CUPTI dropped or left incomplete, and buffers of another CUPTI client handed to blink.
+
+--budget SECONDS: models not started by then are reported as skipped (the checks still run).
+
 Exit status 0 when every check passes, 1 otherwise, 3 without a GPU.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from typing import Any
 
-import torch
+# Keep CUPTI attached after each torch.profiler session (see blink/collect/cupti.py): this
+# script alternates torch.profiler and blink traces back to back. Set before torch loads.
+os.environ.setdefault("TEARDOWN_CUPTI", "0")
+
+import torch  # noqa: E402
 
 TOLERANCE = 0.02
 MODELS = [
@@ -102,6 +114,18 @@ def cupti_units(call: Any, reps: int) -> tuple[list[list[tuple[str, float, int]]
     return calls, s
 
 
+def _tracer_diagnostics(s: Any) -> dict[str, Any]:
+    """What only a real GPU shows: launch records per activity, CUPTI's own counters."""
+    activities = sum(o.n_kernels + o.memcpy_n + o.memset_n for o in s.ops)
+    launches = sum(o.launch_n for o in s.ops)
+    return {"blink_kernels": s.n_kernels, "blink_ops_kept": len(s.ops),
+            "launch_records_per_activity": round(launches / activities, 3) if activities else None,
+            "ops_with_activity_but_no_launch": sum(
+                1 for o in s.ops if o.n_kernels + o.memcpy_n + o.memset_n > 0 and o.launch_n == 0),
+            "incomplete_records": s.extra.get("incomplete"),
+            "foreign_buffers": s.extra.get("foreign_buffers")}
+
+
 def _median_units(calls: list[list[tuple[str, float, int]]]) -> list[tuple[str, float, int]]:
     lengths = {len(c) for c in calls}
     if len(lengths) != 1:
@@ -127,6 +151,8 @@ def validate_model(model: str, batch: int, seq: int | None, dtype: str, mode: st
     total_o = sum(t for _, t, _ in ours)
     rel = (total_o - total_p) / total_p if total_p else float("inf")
     same_seq = [a[0] for a in prof] == [b[0] for b in ours]
+    first_diff = next(([i, a[0], b[0]] for i, (a, b) in enumerate(zip(prof, ours, strict=False))
+                       if a[0] != b[0]), None)
     count_mismatch = sum(1 for a, b in zip(prof, ours, strict=False) if a[2] != b[2])
     unit_rel = sorted(abs(b[1] - a[1]) / a[1] for a, b in zip(prof, ours, strict=False)
                       if a[0] == b[0] and a[1] >= 20e-6)
@@ -135,12 +161,13 @@ def validate_model(model: str, batch: int, seq: int | None, dtype: str, mode: st
     return {
         "model": model, "batch_size": batch, "seq_len": seq, "dtype": dtype, "mode": mode,
         "reps": reps, "units_profiler": len(prof), "units_blink": len(ours),
-        "same_unit_sequence": same_seq, "kernel_count_mismatches": count_mismatch,
+        "same_unit_sequence": same_seq, "first_difference": first_diff,
+        "kernel_count_mismatches": count_mismatch,
         "device_time_profiler_s": total_p, "device_time_blink_s": total_o, "rel_diff": rel,
         "unit_rel_diff_median": statistics.median(unit_rel) if unit_rel else None,
         "unit_rel_diff_p90": unit_rel[int(0.9 * (len(unit_rel) - 1))] if unit_rel else None,
         "unattributed": summary.unattributed_n, "unattributed_top": summary.unattributed_top,
-        "dropped_records": summary.dropped, "ok": ok,
+        "dropped_records": summary.dropped, "ok": ok, **_tracer_diagnostics(summary),
     }
 
 
@@ -176,19 +203,43 @@ def check_profiler_after_blink() -> dict[str, Any]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         (x @ x).sum()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    attached = sum(len(e.kernels) for e in events)  # kernels the profiler tied to an op
     return {"check": "torch.profiler works after a blink trace", "ok": ours > 0 and
-            len(kernels) > 0, "blink_kernels": ours, "profiler_kernels": len(kernels)}
+            max(len(kernels), attached) > 0, "blink_kernels": ours,
+            "profiler_kernels": len(kernels), "profiler_kernels_attached": attached}
 
 
-def run(models: list[tuple], reps: int) -> dict[str, Any]:
+def versions() -> dict[str, Any]:
+    """The CUPTI this module was built against and the one loaded (one copy expected)."""
+    from blink import _cupti  # type: ignore[attr-defined]
+
+    loaded = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            loaded = sorted({line.split()[-1] for line in f if "libcupti" in line})
+    except OSError:
+        pass
+    return {"check": "versions", "ok": len(loaded) <= 1, "build": _cupti.build_info(),
+            "cupti_library_api_version": _cupti.library_api_version(),
+            "libcupti_loaded": loaded, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI")}
+
+
+def run(models: list[tuple], reps: int, budget: float | None = None) -> dict[str, Any]:
     from blink.collect.presets import missing_package
 
     report: dict[str, Any] = {"tolerance": TOLERANCE, "models": [], "checks": []}
+    start = time.perf_counter()
     for spec in models:
         pkg = missing_package(spec[0])
         if pkg:
             report["models"].append({"model": spec[0], "skipped": f"{pkg} not installed"})
+            continue
+        if budget is not None and time.perf_counter() - start > budget:
+            report["models"].append({"model": spec[0], "skipped": f"time budget {budget:g} s"})
+            print(json.dumps(report["models"][-1]), flush=True)
             continue
         t0 = time.perf_counter()
         try:
@@ -198,7 +249,7 @@ def run(models: list[tuple], reps: int) -> dict[str, Any]:
         res["seconds"] = round(time.perf_counter() - t0, 1)
         report["models"].append(res)
         print(json.dumps(res), flush=True)
-    for check in (check_refuses_inside_profiler, check_profiler_after_blink):
+    for check in (versions, check_refuses_inside_profiler, check_profiler_after_blink):
         try:
             res = check()
         except Exception as exc:  # noqa: BLE001
@@ -215,12 +266,14 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="builtin models only")
+    ap.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                    help="start no model after this many seconds")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("cupti_validate: no CUDA device; nothing to validate", file=sys.stderr)
         return 3
     models = [m for m in MODELS if not a.quick or m[0].startswith("builtin:")]
-    report = run(models, a.reps)
+    report = run(models, a.reps, a.budget)
     report["gpu"] = torch.cuda.get_device_name()
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:

@@ -3,20 +3,29 @@ the kernel, memcpy/memset and launch-API records the C++ tracer ties to each uni
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from .._ext import load as _load_ext
 from ..errors import BlinkError
 
+_C = _load_ext()
+
 # Ops that are cost units although the dispatcher gives them no CUDA kernel of their own: the
-# dry run's cut counts them so (is_unit_by_rule in csrc/core/cost_model.cpp; keep in sync,
-# tests/test_collect.py checks the dry-run side).
-UNIT_BY_RULE = ("aten::convolution", "aten::_convolution")
+# one list the dry run's cut uses (unit_rule_ops in csrc/core/cost_model.cpp).
+UNIT_BY_RULE: tuple[str, ...] = tuple(_C.unit_rule_ops())
 
 _LAUNCH_WORDS = ("Launch", "Memcpy", "Memset")
+
+# torch.profiler's kineto can tear CUPTI down after a profiling session (cuptiFinalize, run from
+# a later CUDA call on a helper thread; on by default in some kineto versions). A blink trace
+# started soon after a torch.profiler session would race it and lose its records, so processes
+# that use this tracer keep CUPTI attached unless told otherwise.
+os.environ.setdefault("TEARDOWN_CUPTI", "0")
 
 
 def load() -> tuple[ModuleType | None, str]:
@@ -215,7 +224,11 @@ def summarize(raw: dict[str, Any], marks: list[int], api_name: Any) -> TraceSumm
             continue
         key = (driver, cbid)
         if key not in launch_names:
-            launch_names[key] = any(w in api_name(driver, cbid) for w in _LAUNCH_WORDS)
+            try:
+                name = api_name(driver, cbid)
+            except BlinkError:  # a callback id this CUPTI cannot name: not counted as a launch
+                name = ""
+            launch_names[key] = any(w in name for w in _LAUNCH_WORDS)
         if not launch_names[key]:
             continue
         op.launch_n += 1
@@ -230,7 +243,8 @@ def summarize(raw: dict[str, Any], marks: list[int], api_name: Any) -> TraceSumm
     top = sorted(stray.items(), key=lambda kv: -kv[1])[:3]
     summary.unattributed_top = "; ".join(f"{n[:80]} ({s * 1e6:.1f} us)" for n, s in top)
     summary.dropped = int(raw["dropped"])
-    summary.extra = {"incomplete": int(raw["incomplete"])}
+    summary.extra = {"incomplete": int(raw["incomplete"]),
+                     "foreign_buffers": int(raw.get("foreign_buffers", 0))}
     return summary
 
 

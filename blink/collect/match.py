@@ -58,6 +58,19 @@ class Pair:
     match: str            # exact | name | dry_only | measured_only
 
 
+# Kernel ops CUDA picks where the meta device runs another op for the same unit: fp32 batch
+# norm goes to cuDNN on CUDA (_batch_norm_impl_index) and to native_batch_norm on meta.
+CUDA_ALIASES = {
+    "aten::cudnn_batch_norm": "aten::native_batch_norm",
+    "aten::cudnn_batch_norm_backward": "aten::native_batch_norm_backward",
+}
+
+
+def canonical(key: Key) -> Key:
+    name = CUDA_ALIASES.get(key.name)
+    return key if name is None else Key(name, key.shapes)
+
+
 def align(dry: Sequence[Key], measured: Sequence[Key], window: int = WINDOW) -> list[Pair]:
     """Pairs in order. exact: same name and shapes; name: same name, other shapes, at the same
     place; dry_only / measured_only: no partner on the other side.
@@ -68,6 +81,7 @@ def align(dry: Sequence[Key], measured: Sequence[Key], window: int = WINDOW) -> 
     optimizer step); within a stretch skipped on both sides, units at the same offset with the
     same name are paired by name.
     """
+    measured = [canonical(k) for k in measured]
     out: list[Pair] = []
     i = j = 0
     n, m = len(dry), len(measured)

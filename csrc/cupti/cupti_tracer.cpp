@@ -34,9 +34,17 @@ namespace cupti {
 namespace {
 
 // Record layouts only grow at the end from one version to the next, so reading the records of a
-// newer library through these (CUDA 12.0) layouts is safe for every field used here.
+// newer library through these layouts is safe for every field used here (checked for CUDA 13.0:
+// CUpti_ActivityKernel10 / Memcpy6 keep the offsets of Kernel9 / Memcpy5 for those fields). The
+// current structs of the headers are used: CUDA 13 moved the older ones to
+// cupti_activity_deprecated.h, which a later release may drop.
+#if CUPTI_API_VERSION >= 130000
+using KernelActivity = CUpti_ActivityKernel10;
+using MemcpyActivity = CUpti_ActivityMemcpy6;
+#else
 using KernelActivity = CUpti_ActivityKernel9;
 using MemcpyActivity = CUpti_ActivityMemcpy5;
+#endif
 using MemsetActivity = CUpti_ActivityMemset4;
 
 [[noreturn]] void fail(CUptiResult status, const char* call, const char* file, int line) {
@@ -92,10 +100,15 @@ std::atomic<int> g_phase{0};
 std::atomic<int64_t> g_buffer_bytes{8 << 20};
 
 // Completed activity buffers: the CUPTI callback only queues them under this lock; they are
-// parsed at stop(), outside it.
+// parsed at stop(), outside it. g_owned holds the buffers this module handed to CUPTI and not yet
+// got back: the buffer callbacks are process-wide, so a buffer requested through another
+// client's callbacks (torch.profiler's kineto) could come back through ours; it is never ours to
+// parse or free.
 std::mutex g_buffers_mu;
 std::vector<Buffer> g_completed;
+std::unordered_set<uint8_t*> g_owned;
 std::atomic<uint64_t> g_dropped{0};
+std::atomic<uint64_t> g_foreign{0};  // buffers returned to us that we did not allocate
 std::vector<std::string> g_callback_errors;  // guarded by g_buffers_mu
 
 void record_error(const std::string& what) {
@@ -107,8 +120,13 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   const size_t bytes = static_cast<size_t>(g_buffer_bytes.load());
   // Activity buffers must be 8-byte aligned; a failed allocation makes CUPTI drop records,
   // which stop() reports through the dropped count.
-  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, bytes));
-  *size = *buffer == nullptr ? 0 : bytes;
+  uint8_t* data = static_cast<uint8_t*>(std::aligned_alloc(ACTIVITY_RECORD_ALIGNMENT, bytes));
+  if (data != nullptr) {
+    std::lock_guard<std::mutex> lock(g_buffers_mu);
+    g_owned.insert(data);
+  }
+  *buffer = data;
+  *size = data == nullptr ? 0 : bytes;
   *max_records = 0;
 }
 
@@ -123,8 +141,19 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
   }
   g_dropped.fetch_add(dropped);
   std::lock_guard<std::mutex> lock(g_buffers_mu);
-  if (buffer != nullptr) g_completed.push_back(Buffer{buffer, valid});
+  if (buffer != nullptr) {
+    if (g_owned.erase(buffer) > 0) {
+      g_completed.push_back(Buffer{buffer, valid});
+    } else {
+      g_foreign.fetch_add(1);  // another client's buffer: leave it (and its memory) alone
+    }
+  }
   if (!error.empty() && g_callback_errors.size() < 16) g_callback_errors.push_back(error);
+}
+
+void free_buffers(std::vector<Buffer>& buffers) {
+  for (const Buffer& b : buffers) std::free(b.data);
+  buffers.clear();
 }
 
 // True for ops that are cost units: an own CUDA kernel (cached per schema) or a rule name.
@@ -468,10 +497,11 @@ void start(const Options& options) {
   }
   {
     std::lock_guard<std::mutex> lock(g_buffers_mu);
-    g_completed.clear();
+    free_buffers(g_completed);  // handed back after the last stop (none expected)
     g_callback_errors.clear();
   }
   g_dropped.store(0);
+  g_foreign.store(0);
   g_phase.store(0);
   g_buffer_bytes.store(options.buffer_bytes);
   g_generation.fetch_add(1);
@@ -515,12 +545,17 @@ Result stop() {
   try {
     end_ns = timestamp();
     disable_all(s, /*check=*/true);
-    // Forced: also hand over buffers that are not full. CUPTI calls buffer_completed for each
-    // from this thread before returning.
-    BLINK_CUPTI_CHECK(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
   } catch (const Error& e) {
     failure = e.what();
     disable_all(s, /*check=*/false);
+  }
+  try {
+    // Forced: also hand over buffers that are not full, so that none of ours is left with CUPTI
+    // for the next client's callbacks (torch.profiler registers its own). CUPTI calls
+    // buffer_completed for each before returning. Done even when a disable failed.
+    BLINK_CUPTI_CHECK(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
+  } catch (const Error& e) {
+    if (failure.empty()) failure = e.what();
   }
   std::vector<Buffer> buffers;
   {
@@ -552,6 +587,7 @@ Result stop() {
   }
   out.end_ns = end_ns;
   out.dropped = g_dropped.load();
+  out.foreign_buffers = g_foreign.load();
   out.incomplete = p.incomplete;
   std::unordered_set<uint32_t> launched;
   for (KernelRecord& k : p.kernels) {

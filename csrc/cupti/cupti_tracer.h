@@ -74,6 +74,7 @@ struct Result {
   std::vector<std::string> names;  // kernel names
   uint64_t dropped = 0;     // records CUPTI could not store (buffers full)
   uint64_t incomplete = 0;  // records with no end time (the device was not synchronized)
+  uint64_t foreign_buffers = 0;  // buffers of another CUPTI client handed to us (not parsed)
   uint64_t start_ns = 0, end_ns = 0;
   std::vector<std::string> errors;  // CUPTI failures inside callbacks (stop() throws on these)
 };

@@ -47,6 +47,7 @@ py::dict to_python(const Result& r) {
   d["names"] = py::cast(r.names);
   d["dropped"] = r.dropped;
   d["incomplete"] = r.incomplete;
+  d["foreign_buffers"] = r.foreign_buffers;
   d["start_ns"] = r.start_ns;
   d["end_ns"] = r.end_ns;
   return d;
