@@ -207,3 +207,12 @@ def test_every_kernel_unit_has_a_rule(name, kw):
         gaps = {u.op for u in p.units if u.kind == "other" and u.kernels > 0}
         assert gaps == set()
         assert not any(u.error for u in p.units)
+
+
+def test_autocast_casts_are_costed_copies():
+    # copy_ has no CUDA registration (a DispatchStub kernel), but every cast launches one.
+    amp = blink.predict("hf:llama-1b", batch_size=2, seq_len=128, dtype="amp-bf16")
+    casts = [u for u in amp.units if u.op == "aten::copy_"]
+    assert casts and all(u.time_ms > 0 and u.bytes > 0 for u in casts)
+    # the cast weights: 2 + 4 bytes moved per fp32 weight element of every Linear
+    assert sum(u.bytes for u in casts) >= 6 * 0.9e9

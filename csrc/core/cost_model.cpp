@@ -42,15 +42,29 @@ std::string full_name(const TraceData& t, const OpRecord& op) {
   return name;
 }
 
-// Ops that are one CUDA launch group although the dispatcher gives them no CUDA kernel of
-// their own: on CUDA they go through a composite (convolution -> _convolution ->
-// cudnn_convolution), while the meta device answers them directly with an empty output, so
-// nothing below them would be a unit.
 bool is_unit_by_rule(const std::string& name) {
-  return name == "aten::convolution" || name == "aten::_convolution";
+  const auto& names = unit_rule_ops();
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 }  // namespace
+
+const std::vector<std::string>& unit_rule_ops() {
+  // Ops that launch CUDA kernels although the dispatcher gives them (or some of their
+  // overloads) no CUDA kernel of their own, so the kernel flag alone would miss them:
+  static const std::vector<std::string> names = {
+      // on CUDA: convolution -> _convolution -> cudnn_convolution; the meta device answers
+      // convolution directly with an empty output, so nothing below it would be a unit.
+      "aten::convolution", "aten::_convolution",
+      // copy_ (every cast, .contiguous(), clone) runs copy_impl's TensorIterator kernel through
+      // a DispatchStub, not a CUDA registration.
+      "aten::copy_",
+      // The .Scalar overloads are composites over the .Tensor kernel; meta answers some directly.
+      "aten::add", "aten::add_", "aten::sub", "aten::sub_", "aten::mul", "aten::mul_",
+      "aten::div", "aten::div_",
+  };
+  return names;
+}
 
 std::vector<int64_t> cut_units(const TraceData& trace, int device_type) {
   std::vector<int64_t> units;

@@ -306,6 +306,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("workspace_bytes") = 0)
       .def("units", [](const TraceData& d) { return cut_units(d, meta_device()); });
   m.def("trace_from_python", &trace_from_python, py::arg("raw"));
+  m.def("unit_rule_ops", []() { return unit_rule_ops(); },
+        "Op names the cut counts as units besides those with their own CUDA kernel.");
   m.def("host_dispatch_time_s", &host_dispatch_time_s, py::arg("op_name"));
   m.def("tracer_stop", []() { return std::make_shared<TraceData>(tracer::stop()); },
         "Stop recording and return the raw trace (a RawTrace).");

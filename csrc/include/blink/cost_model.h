@@ -44,6 +44,10 @@ struct TraceCost {
 // optimizer's step counters is not a GPU kernel).
 std::vector<int64_t> cut_units(const TraceData& trace, int device_type);
 
+// The op names the cut counts as units besides those with a CUDA kernel (by name, any
+// overload); blink._cupti's observer uses the same list on the GPU.
+const std::vector<std::string>& unit_rule_ops();
+
 TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu,
                      const FeatureOptions& opts);
 
