@@ -8,12 +8,17 @@ import pytest
 from alloc_reference import ReferenceAllocator
 
 import blink
+from blink import _C
 from blink.cli import main
 from blink.hardware import get_gpu
 from blink.predict import cublas_workspace_bytes, predict_trace
 
 GEMMS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
          "aten::addmv", "aten::mv", "aten::_scaled_mm"}
+
+
+# c10's code for the meta device, as the trace records it
+META = next(c for c in range(21) if _C.device_type_name(c) == "meta")
 
 
 def _python_replay(t: blink.Trace, workspace: int) -> dict:
@@ -24,7 +29,7 @@ def _python_replay(t: blink.Trace, workspace: int) -> dict:
     alloc = ReferenceAllocator()
     rid = -1
     for _sid, nbytes, device in t._raw["externals"]:
-        if nbytes > 0 and t.ops and device == _meta_code(t):
+        if nbytes > 0 and device == META:
             alloc.malloc(rid, nbytes)
             rid -= 1
     first_op: dict[int, int] = {}
@@ -48,16 +53,6 @@ def _python_replay(t: blink.Trace, workspace: int) -> dict:
     return alloc.stats()
 
 
-def _meta_code(t: blink.Trace) -> int:
-    for op in t.ops:
-        for v in op.tensors("outputs"):
-            if v.device == "meta":
-                for r in t._raw["ops"][op.id][11]:
-                    if r[0] == 1:
-                        return r[1][6]
-    raise AssertionError("no meta tensor in trace")
-
-
 @pytest.mark.parametrize("name, mode, kw", [
     ("torchvision:resnet50", "inference", {"batch_size": 8}),
     ("torchvision:resnet50", "train", {"batch_size": 8}),
@@ -71,9 +66,13 @@ def test_memory_peaks_equal_python_replay(name, mode, kw):
     ref = _python_replay(t, cublas_workspace_bytes(get_gpu("H200")))
     assert p.peak_allocated_bytes == ref["peak_allocated_bytes"]
     assert p.peak_reserved_bytes == ref["peak_reserved_bytes"]
-    # and the workspace really is in it: the replay without it peaks lower
-    assert _python_replay(t, 0)["peak_reserved_bytes"] <= p.peak_reserved_bytes
-    assert p.resident_bytes == sum(n for _s, n, d in t._raw["externals"] if d == _meta_code(t))
+    # the workspace is charged once and never freed: without it, that much less is still
+    # allocated at the end, give or take one unsplit large-pool remainder (<= 1 MiB) that
+    # another block keeps when placement shifts
+    workspace = cublas_workspace_bytes(get_gpu("H200"))
+    diff = ref["allocated_bytes"] - _python_replay(t, 0)["allocated_bytes"]
+    assert abs(diff - workspace) <= 2**20
+    assert p.resident_bytes == sum(n for _s, n, d in t._raw["externals"] if d == META)
 
 
 def test_training_step_memory_holds_weights_grads_and_adam_state():
@@ -148,8 +147,8 @@ def test_exports(tmp_path):
     xs = [e for e in loaded["traceEvents"] if e["ph"] == "X"]
     gpu = [e for e in xs if e["tid"] == 2]
     assert gpu and all(e["dur"] >= 0 for e in xs)
-    ends = [e["ts"] + e["dur"] for e in gpu]
-    assert max(ends) == pytest.approx(p.time_ms * 1e3, rel=1e-6) or max(ends) <= p.time_ms * 1e3
+    ends = [e["ts"] + e["dur"] for e in xs]
+    assert max(ends) == pytest.approx(p.time_ms * 1e3, rel=1e-9)  # end to end = last event
     assert sum(u.time_ms for u in p.units) == pytest.approx(p.gpu_busy_ms, rel=1e-6)
 
 

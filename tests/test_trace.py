@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import blink
-from blink import _C, TraceError
+from blink import _C
 from blink.trace import FORMAT_VERSION
 
 
@@ -226,7 +226,3 @@ def test_failed_dry_run_names_op_and_module():
     assert info.value.module == "body.1"
     assert "body.1" in str(info.value)
     assert not _C.tracer_active()
-
-
-def test_error_type_is_a_trace_error():
-    assert issubclass(blink.DataDependentError, TraceError)

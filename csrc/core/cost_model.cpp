@@ -35,19 +35,19 @@ bool is_issue(const TraceData& t, const OpRecord& op) {
   return !(starts_with(parent, "aten::") || starts_with(parent, "prims::"));
 }
 
-std::string full_name(const TraceData& t, const OpRecord& op) {
-  std::string name = t.names[static_cast<size_t>(op.name)];
-  const std::string& overload = t.names[static_cast<size_t>(op.overload)];
-  if (!overload.empty()) name += "." + overload;
-  return name;
-}
-
 bool is_unit_by_rule(const std::string& name) {
   const auto& names = unit_rule_ops();
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 }  // namespace
+
+std::string op_full_name(const TraceData& t, const OpRecord& op) {
+  std::string name = t.names[static_cast<size_t>(op.name)];
+  const std::string& overload = t.names[static_cast<size_t>(op.overload)];
+  if (!overload.empty()) name += "." + overload;
+  return name;
+}
 
 const std::vector<std::string>& unit_rule_ops() {
   // Ops that launch CUDA kernels although the dispatcher gives them (or some of their
@@ -96,7 +96,7 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu
     UnitCost u;
     u.op = id;
     try {
-      u.features = compute_features(full_name(trace, op), op.inputs, op.outputs, gpu, opts);
+      u.features = compute_features(op_full_name(trace, op), op.inputs, op.outputs, gpu, opts);
       u.time_s = analytic_time_s(u.features, gpu);
       u.roofline_s = u.features.kernels > 0 ? u.features.roofline_time_s : 0.0;
     } catch (const Error& e) {
@@ -115,7 +115,7 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu
     } else if (is_issue(trace, op) || unit_of[i] >= 0) {
       IssueCost issue;
       issue.op = op.id;
-      issue.host_s = host_dispatch_time_s(full_name(trace, op));
+      issue.host_s = host_dispatch_time_s(op_full_name(trace, op));
       issue_of[i] = static_cast<int64_t>(out.issues.size());
       out.issues.push_back(issue);
     }
@@ -171,21 +171,21 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
   out.temporaries_dropped = static_cast<int64_t>(scratch.size());
   const int64_t workspace_id = next_resident--;
   bool workspace_done = opts.workspace_bytes <= 0;
-  std::vector<char> is_gemm_op;
-  if (!workspace_done) {
-    is_gemm_op.assign(trace.ops.size(), 0);
-    for (const OpRecord& op : trace.ops) {
-      const std::string& n = trace.names[static_cast<size_t>(op.name)];
-      // cuBLAS-backed ops: the workspace is allocated on the handle's first use.
-      if (op.kernel && (n == "aten::mm" || n == "aten::addmm" || n == "aten::bmm" ||
-                        n == "aten::baddbmm" || n == "aten::_addmm_activation" ||
-                        n == "aten::addmv" || n == "aten::mv" || n == "aten::_scaled_mm")) {
-        is_gemm_op[static_cast<size_t>(op.id)] = 1;
-      }
+  // cuBLAS-backed ops (the feature table's GEMM kind): the workspace is allocated on the
+  // handle's first use. Decided once per op name.
+  std::vector<int8_t> gemm_name(trace.names.size(), -1);
+  auto is_gemm = [&](int64_t op_id) {
+    const OpRecord& op = trace.ops[static_cast<size_t>(op_id)];
+    int8_t& known = gemm_name[static_cast<size_t>(op.name)];
+    if (known < 0) {
+      UnitKind kind = UnitKind::kOther;
+      known = rule_kind(trace.names[static_cast<size_t>(op.name)], &kind) &&
+              kind == UnitKind::kGemm;
     }
-  }
+    return op.kernel && known == 1;
+  };
   for (const AllocRecord& a : trace.allocs) {
-    if (!workspace_done && a.op >= 0 && is_gemm_op[static_cast<size_t>(a.op)]) {
+    if (!workspace_done && a.op >= 0 && is_gemm(a.op)) {
       sim.malloc(workspace_id, opts.workspace_bytes);
       workspace_done = true;
     }

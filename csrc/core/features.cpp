@@ -1380,6 +1380,13 @@ const char* math_mode_name(MathMode mode) {
 
 bool has_feature_rule(const std::string& op_name) { return find_rule(op_name) != nullptr; }
 
+bool rule_kind(const std::string& op_name, UnitKind* kind) {
+  const Rule* r = find_rule(op_name);
+  if (r == nullptr) return false;
+  *kind = r->kind;
+  return true;
+}
+
 bool is_composite_op(const std::string& op_name) {
   const Rule* r = find_rule(op_name);
   return r != nullptr && r->formula == f_composite;

@@ -369,6 +369,17 @@ struct Parsed {
   uint64_t incomplete = 0;
 };
 
+// The fields every GPU activity record (kernel, memcpy, memset) shares.
+template <typename Out, typename In>
+void copy_gpu_span(const In* in, Out& out, Parsed& p) {
+  out.start_ns = in->start;
+  out.end_ns = in->end;
+  out.device = in->deviceId;
+  out.stream = in->streamId;
+  out.correlation = in->correlationId;
+  if (out.end_ns == 0) ++p.incomplete;  // CUPTI had not filled the record in
+}
+
 void parse_record(const CUpti_Activity* record, Parsed& p) {
   switch (record->kind) {
     case CUPTI_ACTIVITY_KIND_KERNEL:
@@ -381,11 +392,7 @@ void parse_record(const CUpti_Activity* record, Parsed& p) {
         p.names.push_back(demangle(k->name));
       }
       r.name = it->second;
-      r.start_ns = k->start;
-      r.end_ns = k->end;
-      r.device = k->deviceId;
-      r.stream = k->streamId;
-      r.correlation = k->correlationId;
+      copy_gpu_span(k, r, p);
       r.grid[0] = k->gridX;
       r.grid[1] = k->gridY;
       r.grid[2] = k->gridZ;
@@ -395,7 +402,6 @@ void parse_record(const CUpti_Activity* record, Parsed& p) {
       r.registers = k->registersPerThread;
       r.static_smem = k->staticSharedMemory;
       r.dynamic_smem = k->dynamicSharedMemory;
-      if (r.end_ns == 0) ++p.incomplete;
       p.kernels.push_back(r);
       break;
     }
@@ -404,12 +410,7 @@ void parse_record(const CUpti_Activity* record, Parsed& p) {
       TransferRecord r;
       r.copy_kind = m->copyKind;
       r.bytes = m->bytes;
-      r.start_ns = m->start;
-      r.end_ns = m->end;
-      r.device = m->deviceId;
-      r.stream = m->streamId;
-      r.correlation = m->correlationId;
-      if (r.end_ns == 0) ++p.incomplete;
+      copy_gpu_span(m, r, p);
       p.transfers.push_back(r);
       break;
     }
@@ -418,12 +419,7 @@ void parse_record(const CUpti_Activity* record, Parsed& p) {
       TransferRecord r;
       r.is_memset = true;
       r.bytes = m->bytes;
-      r.start_ns = m->start;
-      r.end_ns = m->end;
-      r.device = m->deviceId;
-      r.stream = m->streamId;
-      r.correlation = m->correlationId;
-      if (r.end_ns == 0) ++p.incomplete;
+      copy_gpu_span(m, r, p);
       p.transfers.push_back(r);
       break;
     }

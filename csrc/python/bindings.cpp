@@ -196,9 +196,7 @@ int meta_device() { return static_cast<int>(c10::DeviceType::Meta); }
 // whole trace to label the units.
 py::tuple op_label(const TraceData& t, int64_t id) {
   const OpRecord& op = t.ops[static_cast<size_t>(id)];
-  std::string name = t.names[static_cast<size_t>(op.name)];
-  const std::string& overload = t.names[static_cast<size_t>(op.overload)];
-  if (!overload.empty()) name += "." + overload;
+  std::string name = op_full_name(t, op);
   py::object module = py::none();
   if (op.module >= 0) module = py::str(t.modules[static_cast<size_t>(op.module)]);
   return py::make_tuple(name, module, static_cast<int>(op.phase));

@@ -44,6 +44,9 @@ struct TraceCost {
 // optimizer's step counters is not a GPU kernel).
 std::vector<int64_t> cut_units(const TraceData& trace, int device_type);
 
+// "aten::add.Tensor": the op's name with its overload, as features and host tables key it.
+std::string op_full_name(const TraceData& t, const OpRecord& op);
+
 // The op names the cut counts as units besides those with a CUDA kernel (by name, any
 // overload); blink._cupti's observer uses the same list on the GPU.
 const std::vector<std::string>& unit_rule_ops();

@@ -136,6 +136,9 @@ inline UnitFeatures features_for(const std::string& op_name, const std::vector<A
 // in-place op, its trailing underscore). Composite ops have a rule (it throws).
 bool has_feature_rule(const std::string& op_name);
 
+// The unit kind the table gives the op (false when it has no rule).
+bool rule_kind(const std::string& op_name, UnitKind* kind);
+
 // Whether the op is a composite whose kernels are the ops it calls (aten::linear -> addmm,
 // aten::scaled_dot_product_attention -> a fused kernel): the cut must cost those, not it.
 bool is_composite_op(const std::string& op_name);
