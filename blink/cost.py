@@ -43,25 +43,17 @@ def tensor_arg(shape: tuple[int, ...], dtype_code: int, stride: tuple[int, ...] 
 
 
 def unit_features(op_name: str, inputs: list, outputs: list, gpu: GPUSpec | str, *,
-                  allow_tf32_matmul: bool = False, allow_tf32_cudnn: bool = True) -> dict:
-    """Features, `analytic_time_s` and `host_dispatch_time_s` of one op (raw-format args)."""
+                  allow_tf32_matmul: bool = False, allow_tf32_cudnn: bool = True,
+                  cudnn_benchmark: bool = False) -> dict:
+    """Features, `analytic_time_s` and `host_dispatch_time_s` of one op (raw-format args), as
+    a lone unit (no trace-level context such as L2 residency)."""
     return _C.features_for(op_name, inputs, outputs, core_gpu_spec(gpu),
-                           allow_tf32_matmul, allow_tf32_cudnn)
+                           allow_tf32_matmul, allow_tf32_cudnn, cudnn_benchmark)
 
 
 def trace_features(t: Any, gpu: GPUSpec | str, *, allow_tf32_matmul: bool = False,
                    allow_tf32_cudnn: bool = True) -> list[dict]:
     """The feature row of every cost unit of a trace (the rows training reads), in unit order,
-    each with its op id and name; computed by the same C++ code blink.predict uses."""
-    spec = core_gpu_spec(gpu)
-    raw = t._raw
-    names = raw["names"]
-    rows = []
-    for op_id in t.native().units():
-        r = raw["ops"][op_id]
-        name = names[r[2]] + (f".{names[r[3]]}" if names[r[3]] else "")
-        feats = _C.features_for(name, r[10], r[11], spec, allow_tf32_matmul, allow_tf32_cudnn)
-        feats["op_id"] = op_id
-        feats["op"] = name
-        rows.append(feats)
-    return rows
+    each with its op id and name; computed by the same C++ pass blink.predict costs with, so
+    trace-level features (inputs still in L2) match the unit times predict reports."""
+    return t.native().unit_features(core_gpu_spec(gpu), allow_tf32_matmul, allow_tf32_cudnn)

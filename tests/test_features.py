@@ -140,8 +140,12 @@ def test_mm_flops_bytes_layout_and_tiles():
     assert (f["m"], f["n"], f["k"], f["batch"]) == (M, N, K, 1)
     assert not f["trans_a"] and not f["trans_b"]
     assert math_mode(f) == "fp16_tc"
-    assert f["tiles"] == (M // 128) * (N // 128)
-    assert f["waves"] == math.ceil(f["tiles"] / 132)
+    # the planned cuBLAS tile: one output tile per CTA (times any K split), in waves
+    assert (f["tile_m"], f["tile_n"]) in {(256, 128), (128, 256), (128, 128), (128, 64),
+                                          (64, 128), (64, 64)}
+    assert f["tiles"] == (math.ceil(M / f["tile_m"]) * math.ceil(N / f["tile_n"])
+                          * f["split_k"])
+    assert f["waves"] == math.ceil(f["tiles"] / (132 * f["blocks_per_sm"]))
     assert f["compute_time_s"] == pytest.approx(2 * M * N * K / 989.4e12)
     assert f["memory_time_s"] == pytest.approx((M * K + K * N + M * N) * 2 / 3.35e12)
     assert f["roofline_time_s"] == max(f["compute_time_s"], f["memory_time_s"])
@@ -250,7 +254,8 @@ def test_conv_backward_counts_requested_gradients():
                       il((0, 0)), i(1), il(mask)], outs)
 
     full = run((1, 1, 1), [t((8, 64, 56, 56), F16), t((128, 64, 3, 3), F16), t((128,), F16)])
-    assert full["flops"] == 2 * one and full["kernels"] == 3 and full["backward"]
+    # dgrad, wgrad and the bias reduction, plus (NCHW half on tensor cores) layout transposes
+    assert full["flops"] == 2 * one and full["kernels"] >= 3 and full["backward"]
     wgrad = run((0, 1, 0), [none, t((128, 64, 3, 3), F16), none])
     assert wgrad["flops"] == one and wgrad["bytes_written"] == 128 * 64 * 9 * 2
 
@@ -349,4 +354,6 @@ def test_roofline_bandwidth_and_peaks():
     g100, g200 = feats("aten::mm", *gemm, g=H100), feats("aten::mm", *gemm, g=H200)
     assert g100["compute_time_s"] > g100["memory_time_s"]  # compute-bound
     assert g100["roofline_time_s"] == pytest.approx(g200["roofline_time_s"])  # equal peaks
-    assert g100["tiles"] == 4096 and g100["waves"] == 32
+    # 8192^2 outputs in the planned tiles, in full waves of the 132 SMs
+    assert g100["tiles"] == (8192 // g100["tile_m"]) * (8192 // g100["tile_n"]) * g100["split_k"]
+    assert g100["waves"] == math.ceil(g100["tiles"] / (132 * g100["blocks_per_sm"]))

@@ -1,6 +1,7 @@
 #include "blink/cost_model.h"
 
 #include <algorithm>
+#include <utility>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -39,6 +40,57 @@ bool is_unit_by_rule(const std::string& name) {
   const auto& names = unit_rule_ops();
   return std::find(names.begin(), names.end(), name) != names.end();
 }
+
+// Steady-state L2 residency: the bytes of the storages each unit writes, stamped with a
+// running count of bytes written so far. A later unit's input whose storage was written at most
+// kL2ResidentFraction * L2 bytes ago (its own size included) is still in L2.
+class L2Window {
+ public:
+  explicit L2Window(double l2_bytes) : capacity_(l2_bytes * kL2ResidentFraction) {}
+
+  double hits(const OpRecord& op) const {
+    if (capacity_ <= 0) return 0.0;
+    double hit = 0.0;
+    std::unordered_set<int64_t> seen;
+    for (const Arg& a : op.inputs) {
+      for (const TensorInfo& t : a.tensors) {
+        if (t.storage <= 0 || !seen.insert(t.storage).second) continue;
+        auto it = written_.find(t.storage);
+        if (it == written_.end()) continue;
+        const double size = it->second.second;
+        if (clock_ - it->second.first + size <= capacity_) hit += std::min(size, bytes_of(t));
+      }
+    }
+    return hit;
+  }
+
+  void wrote(const OpRecord& op) {
+    for (const Arg& a : op.outputs) {
+      for (const TensorInfo& t : a.tensors) {
+        if (t.storage <= 0) continue;
+        const double b = bytes_of(t);
+        clock_ += b;
+        written_[t.storage] = {clock_, b};
+      }
+    }
+  }
+
+ private:
+  static double bytes_of(const TensorInfo& t) {
+    double n = 1.0;
+    for (int64_t s : t.sizes) n *= static_cast<double>(std::max<int64_t>(s, 0));
+    int64_t item = 4;
+    try {
+      item = dtype_itemsize(t.dtype);
+    } catch (const Error&) {
+    }
+    return n * static_cast<double>(item);
+  }
+
+  double capacity_;
+  double clock_ = 0.0;
+  std::unordered_map<int64_t, std::pair<double, double>> written_;
+};
 
 }  // namespace
 
@@ -91,12 +143,15 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu
   const std::vector<int64_t> unit_ids = cut_units(trace, device_type);
   std::vector<int64_t> unit_of(trace.ops.size(), -1);
   out.units.reserve(unit_ids.size());
+  L2Window l2(gpu.l2_bytes);
   for (int64_t id : unit_ids) {
     const OpRecord& op = trace.ops[static_cast<size_t>(id)];
     UnitCost u;
     u.op = id;
     try {
       u.features = compute_features(op_full_name(trace, op), op.inputs, op.outputs, gpu, opts);
+      u.features.l2_hit_bytes = std::min(l2.hits(op), u.features.bytes_read);
+      l2.wrote(op);
       u.time_s = analytic_time_s(u.features, gpu);
       u.roofline_s = u.features.kernels > 0 ? u.features.roofline_time_s : 0.0;
     } catch (const Error& e) {

@@ -6,6 +6,7 @@
 // torch._C._jit_get_schemas_for_operator); the tracer records every schema argument, keyword-only
 // ones included, in order.
 #include "blink/features.h"
+#include "blink/kernel_plan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -242,9 +243,11 @@ struct Tiling {
   double work = 0.0;     // elements, for kElementwise / kReduction
   int64_t tiles = 0;     // kPreset: CTAs; kMultiTensor: 64K-element chunks
   int64_t threads = 0;   // kPreset: threads per CTA
+  int passes = 1;        // kGemm on a convolution: bit 0 forward, 1 grad_input, 2 grad_weight
 };
 
 Tiling gemm_tiling() { return Tiling{Tiling::kGemm, 0.0, 0, 0}; }
+Tiling conv_tiling(int passes) { return Tiling{Tiling::kGemm, 0.0, 0, 0, passes}; }
 Tiling preset_tiling(int64_t ctas, int64_t threads) {
   return Tiling{Tiling::kPreset, 0.0, ctas, threads};
 }
@@ -374,6 +377,12 @@ void conv_geometry(const Ctx& c, UnitFeatures& f, const TensorInfo& x, const Ten
   f.dtype = x.dtype;
 }
 
+// NHWC / NDHWC in memory: the channel dim has stride 1 (and is not trivially so).
+bool channels_last(const TensorInfo& x) {
+  return x.sizes.size() >= 4 && x.strides.size() == x.sizes.size() && x.sizes[1] > 1 &&
+         x.strides[1] == 1;
+}
+
 // Convolution forward. p0 = schema variant: 0 aten::convolution / _convolution (stride 3,
 // padding 4, dilation 5, transposed 6, groups 8), 1 cudnn_convolution (padding 2, stride 3,
 // dilation 4, groups 5), 2 cudnn_convolution_transpose (padding 2, stride 4, dilation 5,
@@ -399,7 +408,14 @@ Tiling f_conv(const Ctx& c, const Rule& r, UnitFeatures& f) {
   f.flops = flops;
   f.bytes_read = read_bytes(c);
   count_writes(c, f, -1);
-  return gemm_tiling();
+  f.channels_last = channels_last(x);
+  if (r.p0 == 0 && tensor_at(c.in, 2) != nullptr) {
+    // _convolution adds the bias after the cuDNN call (output.add_(reshape_bias(...)),
+    // Convolution.cpp): one more element-wise kernel reading and writing the output.
+    f.kernels += 1;
+    f.aux_bytes += 2.0 * tensor_bytes(*y);
+  }
+  return conv_tiling(1);
 }
 
 // convolution_backward(grad_output 0, input 1, weight 2, bias_sizes 3, stride 4, padding 5,
@@ -424,7 +440,8 @@ Tiling f_conv_backward(const Ctx& c, const Rule&, UnitFeatures& f) {
                  (mask[2] ? gob : 0.0);
   count_writes(c, f, -1);
   f.kernels = std::max(1, passes + static_cast<int>(mask[2] != 0));
-  return gemm_tiling();
+  f.channels_last = channels_last(x);
+  return conv_tiling((mask[0] ? 2 : 0) | (mask[1] ? 4 : 0));
 }
 
 struct AttnShape {
@@ -544,6 +561,12 @@ Tiling f_norm(const Ctx& c, const Rule& r, UnitFeatures& f) {
   f.bytes_read = read_bytes(c);
   count_writes(c, f, -1);
   f.dtype = x.dtype;
+  // Two passes over the input: layer / RMS norm's vectorized_layer_norm_kernel computes the
+  // row's Welford statistics, then re-reads the row to normalise (layer_norm_kernel.cu); batch
+  // norm in training and group norm run a statistics kernel then an element-wise transform
+  // that reads the input again (Normalization.cuh, group_norm_kernel.cu); the backwards reduce
+  // (dy, x) first and re-read them for dx. Inference batch norm is one element-wise pass.
+  f.input_passes = r.p0 == 1 && f.kernels <= 1 ? 1.0 : 2.0;
   return rowwise_tiling();
 }
 
@@ -565,6 +588,12 @@ Tiling f_softmax(const Ctx& c, const Rule& r, UnitFeatures& f) {
   f.bytes_read = read_bytes(c);
   count_writes(c, f, -1);
   f.dtype = x.dtype;
+  // aten/src/ATen/native/cuda/SoftMax.cu: rows of <= 1024 elements run the persistent warp
+  // softmax (dispatch_softmax_forward / _backward), which holds the row in registers: one
+  // pass. Longer rows run the block kernels (cunn_SoftMaxForward / Backward): a max pass and
+  // a sum pass (ilpReduce) before the write pass; the smem variant re-reads from shared
+  // memory, but the reduction passes still stream the row: two input passes.
+  f.input_passes = inner <= 1024 ? 1.0 : 2.0;
   return rowwise_tiling();
 }
 
@@ -1202,16 +1231,18 @@ MathMode decide_math(const Ctx& c, UnitKind kind, int dtype) {
     return is_fp32_math(dtype) ? MathMode::kFp32Simt : MathMode::kOther;
   }
   switch (dtype) {
-    case 5:  // Half
-      return g.peak_fp16 > 0 ? MathMode::kFp16Tc : MathMode::kFp32Simt;
-    case 15:  // BFloat16: before sm_80, cuBLAS runs it with FP32 math on CUDA cores
-      return g.peak_bf16 > 0 ? MathMode::kBf16Tc : MathMode::kFp32Simt;
+    case 5:  // Half: tensor cores from sm_70. Before, cuBLAS / cuDNN run half with an FP32
+             // compute type (CUBLAS_COMPUTE_32F in at::cuda::blas::gemm<at::Half>) on CUDA
+             // cores: the FP32 rate, whatever the board's native half rate (1/64 on sm_61).
+      return g.cc_major >= 7 && g.peak_fp16 > 0 ? MathMode::kFp16Tc : MathMode::kFp32Simt;
+    case 15:  // BFloat16: tensor cores from sm_80; before, FP32 math on CUDA cores
+      return g.cc_major >= 8 && g.peak_bf16 > 0 ? MathMode::kBf16Tc : MathMode::kFp32Simt;
     case 6: {  // Float: TF32 only where the matching torch.backends flag allows it. FP32
                // attention (mem-efficient) is counted as SIMT.
       const bool allow = kind == K::kGemm   ? c.opts.allow_tf32_matmul
                          : kind == K::kConv ? c.opts.allow_tf32_cudnn
                                             : false;
-      return allow && g.peak_tf32 > 0 ? MathMode::kTf32 : MathMode::kFp32Simt;
+      return allow && g.cc_major >= 8 && g.peak_tf32 > 0 ? MathMode::kTf32 : MathMode::kFp32Simt;
     }
     default:
       if (is_float8(dtype)) {
@@ -1257,9 +1288,15 @@ constexpr int64_t kMultiTensorCta = 512;
 constexpr int64_t kTcTileM = 128, kTcTileN = 128, kSimtTileM = 128, kSimtTileN = 64;
 constexpr int64_t kGemmCta = 256;
 
-void apply_tiling(const Tiling& t, const GpuSpec& g, UnitFeatures& f) {
+// Returns the factor the roofline may divide the FLOPs by (Winograd-eligible convolutions).
+double apply_tiling(const Tiling& t, const GpuSpec& g, const FeatureOptions& o, UnitFeatures& f) {
   switch (t.style) {
     case Tiling::kGemm: {
+      if (f.kind == K::kConv) return plan_conv(f, t.passes, g, o);
+      if (f.kind == K::kGemm && f.m > 0 && f.n > 0 && f.k > 0) {
+        plan_gemm_unit(f, g);
+        return 1.0;
+      }
       const bool tc = is_tensor_core(f.math_mode);
       const int64_t tm = tc ? kTcTileM : kSimtTileM, tn = tc ? kTcTileN : kSimtTileN;
       f.tiles = ceil_div(f.m, tm) * ceil_div(f.n, tn) * std::max<int64_t>(f.batch, 1);
@@ -1304,6 +1341,7 @@ void apply_tiling(const Tiling& t, const GpuSpec& g, UnitFeatures& f) {
   }
   const int64_t slots = static_cast<int64_t>(g.sm_count) * f.blocks_per_sm;
   f.waves = f.tiles > 0 ? ceil_div(f.tiles, slots) : 0;
+  return 1.0;
 }
 
 void check_gpu(const GpuSpec& g) {
@@ -1413,11 +1451,11 @@ UnitFeatures compute_features(const std::string& op_name, const std::vector<Arg>
   if (f.numel == 0) f.numel = largest_numel(outputs);
   if (f.dtype < 0) f.dtype = has_tensor(outputs) ? largest_dtype(outputs) : largest_dtype(inputs);
   f.math_mode = decide_math(c, f.kind, f.dtype);
-  apply_tiling(tiling, gpu, f);
+  const double flop_factor = apply_tiling(tiling, gpu, opts, f);
   const double bytes = f.bytes_read + f.bytes_written;
   const double peak = peak_flops_for(f.math_mode, f.dtype, gpu);
   f.arithmetic_intensity = bytes > 0 ? f.flops / bytes : 0.0;
-  f.compute_time_s = f.flops > 0 && peak > 0 ? f.flops / peak : 0.0;
+  f.compute_time_s = f.flops > 0 && peak > 0 ? f.flops / flop_factor / peak : 0.0;
   f.memory_time_s = bytes / gpu.mem_bw;
   f.roofline_time_s = std::max(f.compute_time_s, f.memory_time_s);
   return f;
@@ -1474,6 +1512,15 @@ std::vector<std::pair<const char*, double>> feature_values(const UnitFeatures& f
       {"compute_time_s", f.compute_time_s},
       {"memory_time_s", f.memory_time_s},
       {"roofline_time_s", f.roofline_time_s},
+      {"tile_m", d(f.tile_m)},
+      {"tile_n", d(f.tile_n)},
+      {"split_k", d(f.split_k)},
+      {"conv_algo", d(f.conv_algo)},
+      {"channels_last", f.channels_last ? 1.0 : 0.0},
+      {"kernel_compute_s", f.kernel_compute_s},
+      {"aux_bytes", f.aux_bytes},
+      {"input_passes", f.input_passes},
+      {"l2_hit_bytes", f.l2_hit_bytes},
   };
 }
 

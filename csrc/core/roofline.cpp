@@ -11,56 +11,7 @@
 namespace blink {
 namespace {
 
-bool tensor_core(MathMode m) {
-  return m == MathMode::kTf32 || m == MathMode::kBf16Tc || m == MathMode::kFp16Tc ||
-         m == MathMode::kFp8Tc;
-}
-
 double ceil_div(double a, double b) { return std::ceil(a / b); }
-
-// How a GEMM / convolution runs: its compute time and the CTAs it launches. The output tiles
-// run in waves of sm_count * CTAs-per-SM, each tile taking 2 * tile_m * tile_n * K FLOPs at its
-// SM's share of (peak * efficiency). A last, partial wave costs a whole wave (tail effect);
-// partial tiles cost whole tiles. Grids smaller than the GPU are split along K.
-struct GemmPlan {
-  double compute_s = 0.0;
-  double ctas = 0.0;
-};
-
-GemmPlan gemm_plan(const UnitFeatures& f, const GpuSpec& g) {
-  bool tc = tensor_core(f.math_mode);
-  double peak = peak_flops_for(f.math_mode, f.dtype, g);
-  double eff = f.kind == UnitKind::kConv ? kConvEfficiency
-               : tc                      ? kTensorCoreGemmEfficiency
-                                         : kSimtGemmEfficiency;
-  if (f.kind == UnitKind::kConv && tc &&
-      (static_cast<double>(f.n) < kMinTensorCoreChannels ||
-       static_cast<double>(f.k) < kMinTensorCoreChannels)) {
-    tc = false;  // depthwise / narrow groups: CUDA-core kernels at FP32 rate
-    peak = g.peak_fp32;
-    eff = kSimtGemmEfficiency;
-  }
-  const double m = std::max<int64_t>(f.m, 1), n = std::max<int64_t>(f.n, 1);
-  const double batch = std::max<int64_t>(f.batch, 1);
-  double k = std::max<int64_t>(f.k, 1);
-  const double tm = 128.0, tn = tc ? 128.0 : 64.0;  // as features.cpp's tiling
-  const double slots = static_cast<double>(g.sm_count) * (tc ? 1.0 : 2.0);
-  double tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
-  if (tiles < slots && k >= 2.0 * kSplitKMinK) {
-    const double split =
-        std::max(1.0, std::min(std::floor(slots / tiles), std::floor(k / kSplitKMinK)));
-    tiles *= split;
-    k = std::ceil(k / split);
-  }
-  const double waves = ceil_div(tiles, slots);
-  eff *= k / (k + kGemmKHalf);
-  const double tile_s = 2.0 * tm * tn * k / (peak * eff / slots);
-  // FLOPs beyond one pass (convolution_backward computing two gradients) scale the time.
-  const double one_pass = 2.0 * static_cast<double>(f.m) * static_cast<double>(f.n) *
-                          static_cast<double>(f.k) * batch;
-  const double passes = one_pass > 0 ? std::max(1.0, std::round(f.flops / one_pass)) : 1.0;
-  return GemmPlan{passes * waves * tile_s, tiles};
-}
 
 // Fused attention: tiles (query blocks forward, key blocks backward) in waves of one CTA per
 // SM; a causal mask skips the blocks above the diagonal.
@@ -88,12 +39,10 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
   const double floor_s = kLaunchFloorS * static_cast<double>(f.kernels);
 
   double compute_s = 0.0;
-  double ctas = static_cast<double>(f.tiles);
+  const double ctas = static_cast<double>(f.tiles);
   const bool gemm_like = f.kind == UnitKind::kGemm || f.kind == UnitKind::kConv;
-  if (gemm_like && f.m > 0 && f.n > 0) {
-    const GemmPlan plan = gemm_plan(f, g);
-    compute_s = f.flops > 0 ? plan.compute_s : 0.0;
-    ctas = plan.ctas;  // split-K CTAs also pull bandwidth
+  if (gemm_like && f.kernel_compute_s > 0) {
+    compute_s = f.kernel_compute_s;  // the planned cuBLAS / cuDNN kernels (kernel_plan.h)
   } else if (f.flops > 0) {
     if (f.kind == UnitKind::kAttention) {
       compute_s = attention_compute_s(f, g);
@@ -103,16 +52,23 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
   }
 
   double memory_s = 0.0;
-  const double bytes = f.bytes_read + f.bytes_written;
+  // Extra input passes stream the input again; inputs found in L2 cost a fraction of DRAM.
+  const double bytes = std::max(0.0, f.bytes_read + f.bytes_written +
+                                         (f.input_passes - 1.0) * std::max(0.0, f.bytes_read) -
+                                         f.l2_hit_bytes * (1.0 - 1.0 / kL2VsDramBandwidth));
+  double bw = g.mem_bw * kDramEfficiency;
   if (bytes > 0) {
-    double bw = g.mem_bw * kDramEfficiency;
     if (ctas > 0) {
       const double sms = std::min<double>(g.sm_count, ctas);
       bw *= std::min(1.0, sms / (kBwSaturatingSmFraction * g.sm_count));
     }
     memory_s = kDramLatencyS + bytes / bw;
   }
-  return std::max(floor_s, std::max(compute_s, memory_s));
+  // Helper kernels of the plan (layout transposes, split-K reduce, Winograd transforms, a
+  // convolution's bias add) stream their bytes after the main kernel.
+  const double aux_s = f.aux_bytes > 0 ? kDramLatencyS + f.aux_bytes / (g.mem_bw * kDramEfficiency)
+                                       : 0.0;
+  return std::max(floor_s, std::max(compute_s, memory_s) + aux_s);
 }
 
 namespace {

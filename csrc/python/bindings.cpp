@@ -9,6 +9,7 @@
 #include "blink/cost_model.h"
 #include "blink/error.h"
 #include "blink/features.h"
+#include "blink/kernel_plan.h"
 #include "blink/roofline.h"
 #include "blink/trace_types.h"
 
@@ -202,6 +203,20 @@ py::tuple op_label(const TraceData& t, int64_t id) {
   return py::make_tuple(name, module, static_cast<int>(op.phase));
 }
 
+// A unit's features as the dict blink._C.features_for and RawTrace.unit_features return.
+py::dict features_to_python(const UnitFeatures& f, const GpuSpec& g) {
+  py::dict d;
+  for (const auto& kv : feature_values(f)) d[kv.first] = kv.second;
+  d["kind"] = unit_kind_name(f.kind);
+  d["math_mode"] = math_mode_name(f.math_mode);
+  d["conv_algo"] = conv_algo_name(static_cast<ConvAlgo>(f.conv_algo));
+  for (const char* k :
+       {"matched", "backward", "trans_a", "trans_b", "transposed", "causal", "channels_last"})
+    d[k] = d[k].cast<double>() != 0.0;
+  (void)g;
+  return d;
+}
+
 py::dict cost_to_python(const TraceData& t, const TraceCost& c) {
   py::list units;
   for (const UnitCost& u : c.units) {
@@ -280,6 +295,33 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
               c = cost_trace(d, meta_device(), g, o);
             }
             return cost_to_python(d, c);
+          },
+          py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true)
+      .def(
+          "unit_features",
+          // The feature rows of the units exactly as cost() costs them (trace-level features
+          // such as L2 residency included): what training reads.
+          [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn) {
+            FeatureOptions o;
+            o.allow_tf32_matmul = allow_tf32_matmul;
+            o.allow_tf32_cudnn = allow_tf32_cudnn;
+            TraceCost c;
+            {
+              py::gil_scoped_release release;
+              c = cost_trace(d, meta_device(), g, o);
+            }
+            py::list rows;
+            for (const UnitCost& u : c.units) {
+              const OpRecord& op = d.ops[static_cast<size_t>(u.op)];
+              py::dict row = features_to_python(u.features, g);
+              row["analytic_time_s"] = u.time_s;
+              row["op_id"] = u.op;
+              row["op"] = op_full_name(d, op);
+              row["host_dispatch_time_s"] = host_dispatch_time_s(op_full_name(d, op));
+              row["error"] = u.error;
+              rows.append(row);
+            }
+            return rows;
           },
           py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true)
       .def(
@@ -380,24 +422,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("peak_fp16"), py::arg("peak_fp8"), py::arg("cc_major"), py::arg("cc_minor"));
   m.def("features_for",
         [](const std::string& op, py::list inputs, py::list outputs, const GpuSpec& g,
-           bool allow_tf32_matmul, bool allow_tf32_cudnn) {
+           bool allow_tf32_matmul, bool allow_tf32_cudnn, bool cudnn_benchmark) {
           std::vector<Arg> in, out;
           for (py::handle h : inputs) in.push_back(arg_from_python(h));
           for (py::handle h : outputs) out.push_back(arg_from_python(h));
           FeatureOptions o;
           o.allow_tf32_matmul = allow_tf32_matmul;
           o.allow_tf32_cudnn = allow_tf32_cudnn;
+          o.cudnn_benchmark = cudnn_benchmark;
           UnitFeatures f = features_for(op, in, out, g, o);
-          py::dict d;
-          for (const auto& kv : feature_values(f)) d[kv.first] = kv.second;
-          d["kind"] = unit_kind_name(f.kind);
-          d["math_mode"] = math_mode_name(f.math_mode);
-          for (const char* k : {"matched", "backward", "trans_a", "trans_b", "transposed", "causal"})
-            d[k] = d[k].cast<double>() != 0.0;
+          py::dict d = features_to_python(f, g);
           d["analytic_time_s"] = analytic_time_s(f, g);
           d["host_dispatch_time_s"] = host_dispatch_time_s(op);
           return d;
         },
         py::arg("op_name"), py::arg("inputs"), py::arg("outputs"), py::arg("gpu"),
-        py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true);
+        py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
+        py::arg("cudnn_benchmark") = false);
 }

@@ -61,6 +61,10 @@ enum class MathMode { kFp32Simt, kTf32, kBf16Tc, kFp16Tc, kFp8Tc, kOther };
 struct FeatureOptions {
   bool allow_tf32_matmul = false;
   bool allow_tf32_cudnn = true;
+  // torch.backends.cudnn.benchmark: cuDNN times its algorithms and keeps the fastest. Off
+  // (PyTorch's default), cuDNN's heuristics rank them; Blink takes the fastest predicted
+  // candidate either way (the heuristics aim for it) except where a rule says they differ.
+  bool cudnn_benchmark = false;
   // torch built with CUDA >= 13 passes 32 KB kernel arguments, so one multi_tensor_apply launch
   // (_foreach_*, fused optimizers) takes up to 770 tensors / 2240 blocks instead of 110 / 320
   // (aten/src/ATen/native/cuda/MultiTensorApply.cuh). Blink targets the CUDA 13 wheels.
@@ -112,6 +116,22 @@ struct UnitFeatures {
   int64_t blocks_per_sm = 1;
   int64_t waves = 0;
   double parallelism = 0.0;  // threads the launch offers
+  // The kernel plan (csrc/core/gemm_cost.cpp, conv_cost.cpp): the GEMM tile and split-K
+  // cuBLAS / cuDNN would pick, the convolution algorithm (blink::ConvAlgo code), and the
+  // modelled main-kernel compute time of that plan (0: none planned). aux_bytes: DRAM traffic
+  // of helper kernels beyond the compulsory bytes (layout transposes, split-K partial sums,
+  // Winograd transforms), paid after the main kernel.
+  int64_t tile_m = 0, tile_n = 0, split_k = 1;
+  int conv_algo = 0;
+  bool channels_last = false;  // the main input is channels-last (NHWC) in memory
+  double kernel_compute_s = 0.0;
+  double aux_bytes = 0.0;
+  // Memory-bound kernels that read their input more than once (layer norm's statistics then
+  // normalise, block softmax's max / sum / write passes): input passes over DRAM, 1 = once.
+  double input_passes = 1.0;
+  // Input bytes a steady-state run finds in L2 (written by the units just before and not yet
+  // evicted), set by the cost stage over a whole trace (cost_model.cpp), 0 for a lone unit.
+  double l2_hit_bytes = 0.0;
   double compute_time_s = 0.0;   // flops / peak of the math mode
   double memory_time_s = 0.0;    // (bytes_read + bytes_written) / mem_bw
   double roofline_time_s = 0.0;  // max of the two

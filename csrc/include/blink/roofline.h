@@ -22,27 +22,17 @@ inline constexpr double kDramEfficiency = 0.85;
 // under load) and the last wave drains. Time = latency + bytes / bandwidth is the size ramp:
 // B bytes reach B / (B + bandwidth * latency) of the bandwidth (Little's law).
 inline constexpr double kDramLatencyS = 1.0e-6;
+// L2 serves reads ~3x faster than DRAM on NVIDIA data-centre GPUs (A100: ~5 vs 1.6-2 TB/s;
+// H100: ~10 vs 3.35 TB/s): an input still resident in L2 costs a third of a DRAM read.
+inline constexpr double kL2VsDramBandwidth = 3.0;
+// Share of L2 a steady-state working set may use and still be found there by the next unit
+// (the rest holds weights, other streams' lines, and set conflicts evict early).
+inline constexpr double kL2ResidentFraction = 0.5;
 // Share of the SMs that, fully occupied, keep enough loads in flight to saturate DRAM; a kernel
 // with CTAs on fewer SMs gets proportionally less bandwidth.
 inline constexpr double kBwSaturatingSmFraction = 0.5;
 
-// Fraction of dense tensor-core peak large cuBLAS GEMMs reach: 70-80% (clocks fall below the
-// boost clock the peak assumes under tensor-core load; epilogue and pipeline bubbles).
-inline constexpr double kTensorCoreGemmEfficiency = 0.75;
-// SGEMM on CUDA cores reaches ~85-90% of FMA peak.
-inline constexpr double kSimtGemmEfficiency = 0.85;
-// Per output tile, filling the shared-memory pipeline and writing the tile cost about as much
-// as 64 steps of K, so efficiency ramps as K / (K + 64): small-K GEMMs are far from peak.
-inline constexpr double kGemmKHalf = 64.0;
-// cuBLAS splits K (split-K / stream-K) when the output tiles cannot fill the GPU, keeping at
-// least this much K per split.
-inline constexpr double kSplitKMinK = 256.0;
-// cuDNN implicit-GEMM convolutions reach ~60-70% of tensor-core peak (im2col address math,
-// filter-shape-dependent tiles).
-inline constexpr double kConvEfficiency = 0.65;
-// Per-group channels below this cannot fill an MMA's N / K dimension: depthwise and narrow
-// grouped convolutions run on CUDA cores.
-inline constexpr double kMinTensorCoreChannels = 8.0;
+// GEMM and convolution compute times come from their kernel plans (blink/kernel_plan.h).
 // FlashAttention-2 forward: ~70% of peak on A100 but 35-50% on H100 (no wgmma / TMA); 0.5.
 inline constexpr double kAttentionFwdEfficiency = 0.5;
 // Attention backward: five GEMMs with atomic dQ accumulation, ~0.7x the forward's efficiency.

@@ -1,0 +1,150 @@
+"""The public DeepBench kernel timings (NVIDIA results): loading the CSVs and mapping each row to
+the ATen op PyTorch would run for it.
+
+The data (``shared/data/public/deepbench/`` in this repository's workspace; see its README.md)
+are Baidu DeepBench's measured GEMM, convolution and RNN kernel times on eight NVIDIA GPUs
+(Maxwell to Turing, CUDA 7.5-10.1, cuDNN 5-7.6; Apache-2.0). Each ``time_us`` is the mean of R
+back-to-back calls after a warm-up, so launch overhead is mostly hidden: a kernel time, not an
+event-timed eager call.
+
+Mapping (what PyTorch's CUDA backend runs for the same problem):
+
+- ``gemm`` rows (column-major ``C(m x n) = op(A) op(B)``): ``aten::mm`` of an (m, k) by a
+  (k, n) matrix; a ``T`` operand is the transpose of a contiguous one (strides (1, m) or
+  (1, k)). cuBLAS sees the same problem either way.
+- ``conv`` rows: ``fwd`` is ``aten::convolution`` (input (n, c, h, w), weight (k, c, r, s), no
+  bias, dilation 1, groups 1); ``bwd_data`` / ``bwd_filter`` are ``aten::convolution_backward``
+  with output_mask (1, 0, 0) / (0, 1, 0). ``fp16_tc`` rows ran NHWC in the benchmark, so their
+  tensors are channels-last here; every other row is NCHW.
+- ``precision``: ``fp32`` -> float32 with TF32 off (these GPUs have none); ``fp16`` (P100
+  "pseudo fp16": fp16 storage, fp32 math) and ``fp16_tc`` -> float16, which Blink costs on
+  tensor cores where the GPU has them (sm_70+) and at the FP32 rate before. ``int8`` rows are
+  not mapped (PyTorch runs no int8 cuDNN convolution or cuBLAS GEMM for nn modules).
+
+Caveats from the README that matter for accuracy: with tensor cores the benchmark forced
+IMPLICIT_PRECOMP_GEMM forward and ALGO_1 backward (not what cuDNN's heuristics or
+cudnn.benchmark would pick), and cuDNN 5-7 is old; compare fp16_tc backward rows with care.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .cost import tensor_arg
+
+__all__ = ["DEVICES", "FAMILIES", "Row", "data_dir", "load", "map_row", "predict"]
+
+FAMILIES = ("gemm", "conv")
+
+# The CSV's gpu column -> the blink.hardware name. GPUs missing from the hardware table are
+# skipped by load() (named in its `skipped` count).
+DEVICES: dict[str, str] = {
+    "Tesla P100": "P100",
+    "Tesla V100": "V100",
+    "Tesla T4": "T4",
+}
+
+_DTYPE = {"fp32": 6, "fp16": 5, "fp16_tc": 5}
+_INT, _BOOL, _INT_LIST, _NONE = 3, 5, 7, 0
+
+
+@dataclass(frozen=True)
+class Row:
+    family: str          # gemm | conv
+    gpu_csv: str         # the CSV's gpu column
+    precision: str       # fp32 | fp16 | fp16_tc
+    direction: str       # gemm: "fwd"; conv: fwd | bwd_data | bwd_filter
+    shape: dict[str, Any]
+    time_s: float
+    algo: str            # cuDNN forward algorithm the workbook names ("" if none)
+
+    @property
+    def gpu(self) -> str:
+        return DEVICES[self.gpu_csv]
+
+
+def data_dir(root: str | Path | None = None) -> Path | None:
+    """The data set's folder: `root`, else ``../shared/data/public/deepbench`` beside this
+    repository, else ``/work/shared/...``; None if none exists."""
+    if root is not None:
+        p = Path(root)
+        return p if p.is_dir() else None
+    rel = Path("shared") / "data" / "public" / "deepbench"
+    for base in (Path(__file__).resolve().parents[2], Path("/work")):
+        if (base / rel).is_dir():
+            return base / rel
+    return None
+
+
+def load(root: Path, family: str) -> Iterator[Row]:
+    """The training-mode rows of `family` on GPUs the hardware table has, precisions mapped."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown DeepBench family {family!r}; expected one of {FAMILIES}")
+    path = root / f"{family}.csv.gz"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing from the DeepBench data set")
+    with gzip.open(path, "rt", newline="") as fh:
+        for rec in csv.DictReader(fh):
+            if rec["mode"] != "train" or rec["gpu"] not in DEVICES:
+                continue
+            if rec["precision"] not in _DTYPE:
+                continue
+            if family == "gemm":
+                shape = {k: int(rec[k]) for k in ("m", "n", "k")}
+                shape["a_trans"], shape["b_trans"] = rec["a_trans"], rec["b_trans"]
+                direction, algo = "fwd", ""
+            else:
+                shape = {k: int(rec[k]) for k in ("n", "c", "h", "w", "k", "r", "s", "pad_h",
+                                                 "pad_w", "stride_h", "stride_w", "out_h",
+                                                 "out_w")}
+                direction, algo = rec["direction"], rec["algo"]
+            yield Row(family, rec["gpu"], rec["precision"], direction, shape,
+                      float(rec["time_us"]) * 1e-6, algo)
+
+
+def map_row(row: Row) -> tuple[str, list, list]:
+    """(ATen op name, raw inputs, raw outputs) PyTorch would run for the row."""
+    dt = _DTYPE[row.precision]
+    s = row.shape
+    if row.family == "gemm":
+        m, n, k = s["m"], s["n"], s["k"]
+        a = tensor_arg((m, k), dt, None if s["a_trans"] == "N" else (1, m), -1)
+        b = tensor_arg((k, n), dt, None if s["b_trans"] == "N" else (1, k), -2)
+        return "aten::mm", [a, b], [tensor_arg((m, n), dt, None, 1)]
+    nhwc = row.precision == "fp16_tc"
+
+    def t(shape: tuple[int, int, int, int], sid: int) -> tuple:
+        if not nhwc:
+            return tensor_arg(shape, dt, None, sid)
+        n_, c_, h_, w_ = shape
+        return tensor_arg(shape, dt, (h_ * w_ * c_, 1, w_ * c_, c_), sid)
+
+    x = t((s["n"], s["c"], s["h"], s["w"]), -1)
+    w = t((s["k"], s["c"], s["r"], s["s"]), -2)
+    geo = [(_INT_LIST, [s["stride_h"], s["stride_w"]]), (_INT_LIST, [s["pad_h"], s["pad_w"]]),
+           (_INT_LIST, [1, 1]), (_BOOL, False), (_INT_LIST, [0, 0]), (_INT, 1)]
+    y_shape = (s["n"], s["k"], s["out_h"], s["out_w"])
+    if row.direction == "fwd":
+        return "aten::convolution", [x, w, (_NONE, None), *geo], [t(y_shape, 1)]
+    go = t(y_shape, -3)
+    if row.direction == "bwd_data":
+        mask, outs = [1, 0, 0], [t((s["n"], s["c"], s["h"], s["w"]), 2), (_NONE, None),
+                                 (_NONE, None)]
+    else:
+        mask, outs = [0, 1, 0], [(_NONE, None), t((s["k"], s["c"], s["r"], s["s"]), 3),
+                                 (_NONE, None)]
+    return "aten::convolution_backward", [go, x, w, (_NONE, None), *geo, (_INT_LIST, mask)], outs
+
+
+def predict(row: Row, cudnn_benchmark: bool = True) -> dict[str, Any]:
+    """blink.cost.unit_features of the row's op on its GPU. DeepBench chose algorithms with
+    cudnnFind* (measured), hence cudnn_benchmark=True; these GPUs have no TF32."""
+    from .cost import unit_features
+
+    op, ins, outs = map_row(row)
+    return unit_features(op, ins, outs, row.gpu, allow_tf32_matmul=False,
+                         allow_tf32_cudnn=False, cudnn_benchmark=cudnn_benchmark)

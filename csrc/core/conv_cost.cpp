@@ -1,0 +1,287 @@
+// Convolution plans: which kernels a convolution unit runs on CUDA, as PyTorch dispatches it.
+//
+// aten/src/ATen/native/Convolution.cpp (_select_conv_backend) sends a CUDA convolution to
+//  - ConvBackend::CudaDepthwise2d / CudaDepthwise3d (ATen's own direct kernels,
+//    native/cuda/DepthwiseConv2d.cu, DepthwiseConv3d.cu) when it is depthwise
+//    (groups == C_in, C_out a multiple of C_in, not transposed) and cuDNN's depthwise path is
+//    not chosen (use_cudnn_depthwise: channels-last input, or fp16 / bf16 NCHW shapes passing
+//    check_cudnn_depthwise_workload). cuDNN's depthwise kernels are direct kernels too, so both
+//    are costed as direct depthwise here;
+//  - cuDNN otherwise (Cudnn / CudnnTranspose), whose engines are implicit GEMM (on tensor cores
+//    when the dtype and torch.backends.cudnn.allow_tf32 allow), Winograd for 3x3 stride-1
+//    filters on CUDA-core math, and grouped kernels for 1 < groups < C_in.
+// Among the cuDNN algorithms Blink keeps the fastest predicted one, as cudnn.benchmark measures
+// and the heuristics aim for; with benchmark off the heuristics are taken not to pick
+// Winograd for thin layers (C or K per group below kWinogradHeuristicMinChannels), whose
+// transforms the heuristics' cost tables weigh heavily.
+//
+// convolution_backward runs a grad_input (dgrad) and a grad_weight (wgrad) kernel, each its own
+// implicit GEMM (dgrad: M = N*input spatial, N = C/g, K = K/g * filter; wgrad: M = K/g,
+// N = C/g * filter, K = N*output spatial, usually split along K), planned separately here.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "blink/kernel_plan.h"
+
+namespace blink {
+namespace {
+
+constexpr double kWinogradHeuristicMinChannels = 32.0;
+
+bool tensor_core_mode(MathMode m) {
+  return m == MathMode::kTf32 || m == MathMode::kBf16Tc || m == MathMode::kFp16Tc ||
+         m == MathMode::kFp8Tc;
+}
+
+double round_up(double v, double a) { return std::ceil(v / a) * a; }
+
+struct PassPlan {
+  double main_s = 0.0;
+  double aux_bytes = 0.0;
+  int64_t aux_kernels = 0;
+  GemmPlan gemm;
+  ConvAlgo algo = ConvAlgo::kNone;
+  MathMode mode = MathMode::kFp32Simt;
+};
+
+struct Geometry {
+  double n, c, k, g, filter, in_spatial, out_spatial, elem;
+  double x_bytes() const { return n * c * in_spatial * elem; }
+  double y_bytes() const { return n * k * out_spatial * elem; }
+  double w_bytes() const { return k * (c / g) * filter * elem; }
+};
+
+enum Pass { kFwd = 0, kDgrad = 1, kWgrad = 2 };
+
+// The implicit GEMM of a pass (per group), channels padded for tensor cores.
+GemmProblem implicit_gemm(const Geometry& s, Pass pass, MathMode mode, int dtype,
+                          double flops_one, const UnitFeatures& f) {
+  const double cg = std::max(1.0, s.c / s.g), kg = std::max(1.0, s.k / s.g);
+  double align = 1.0;
+  if (tensor_core_mode(mode)) {
+    align = mode == MathMode::kTf32 ? static_cast<double>(kTcChannelAlignTf32)
+                                    : static_cast<double>(kTcChannelAlign16);
+  }
+  const double cp = round_up(cg, align), kp = round_up(kg, align);
+  GemmProblem p;
+  p.mode = mode;
+  p.dtype = dtype;
+  p.batch = s.g;
+  p.efficiency_scale = kConvVsGemmEfficiency;
+  p.gemv_max_dim = kConvGemvMaxDim;
+  // K of the GEMM from the pass's FLOPs (exact for a convolution; a transposed convolution
+  // spreads its input over its output), then the padding of its channel factor.
+  if (pass == kFwd && !f.transposed) {
+    p.m = s.n * s.out_spatial;
+    p.n = kp;
+    p.k = flops_one / (2.0 * p.m * kg * s.g) * (cp / cg);
+  } else if (pass == kDgrad || (pass == kFwd && f.transposed)) {
+    // dgrad of a convolution (and the forward of a transposed one): output = the input grid.
+    p.m = s.n * (f.transposed ? s.out_spatial : s.in_spatial);
+    const double outc = f.transposed ? kg : cg;
+    const double inc = f.transposed ? cg : kg;
+    p.n = round_up(outc, align);
+    p.k = flops_one / (2.0 * p.m * outc * s.g) * (round_up(inc, align) / inc);
+  } else {
+    p.m = kp;
+    p.n = cp * s.filter;
+    p.k = flops_one / (2.0 * kg * cg * s.filter * s.g);
+    p.max_split = kWgradSplitMax;
+  }
+  p.k = std::max(1.0, p.k);
+  return p;
+}
+
+PassPlan gemm_pass(const Geometry& s, Pass pass, MathMode mode, int dtype, double flops_one,
+                   const UnitFeatures& f, const GpuSpec& g) {
+  PassPlan out;
+  out.mode = mode;
+  out.algo = s.g > 1 ? ConvAlgo::kGroupedGemm : ConvAlgo::kImplicitGemm;
+  out.gemm = plan_gemm(implicit_gemm(s, pass, mode, dtype, flops_one, f), g);
+  out.main_s = out.gemm.compute_s;
+  out.aux_bytes = out.gemm.aux_bytes;
+  out.aux_kernels = out.gemm.aux_kernels;
+  if (s.g > 1) {
+    // A grouped convolution is never slower than the dense one of the same shape (cuDNN can
+    // always run the dense algorithm on a block-diagonal filter): cap at its time.
+    Geometry dense = s;
+    dense.g = 1.0;
+    const GemmPlan d = plan_gemm(implicit_gemm(dense, pass, mode, dtype, flops_one * s.g, f), g);
+    if (d.compute_s < out.main_s) {
+      out.main_s = d.compute_s;
+      out.gemm = d;
+      out.aux_bytes = d.aux_bytes;
+      out.aux_kernels = d.aux_kernels;
+    }
+  }
+  return out;
+}
+
+// Pass bytes of the direct depthwise kernels: what each kernel must read and write.
+double depthwise_pass_bytes(const Geometry& s, Pass pass) {
+  switch (pass) {
+    case kFwd: return s.x_bytes() + s.w_bytes() + s.y_bytes();
+    case kDgrad: return s.y_bytes() + s.w_bytes() + s.x_bytes();
+    case kWgrad: default: return s.y_bytes() + s.x_bytes() + s.w_bytes();
+  }
+}
+
+}  // namespace
+
+const char* conv_algo_name(ConvAlgo a) {
+  switch (a) {
+    case ConvAlgo::kImplicitGemm: return "implicit_gemm";
+    case ConvAlgo::kWinograd: return "winograd";
+    case ConvAlgo::kDepthwiseDirect: return "depthwise_direct";
+    case ConvAlgo::kGroupedGemm: return "grouped_gemm";
+    case ConvAlgo::kNone: default: return "none";
+  }
+}
+
+double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOptions& opts) {
+  if (f.conv_n <= 0 || f.conv_c <= 0 || f.conv_k <= 0 || f.groups <= 0) return 1.0;
+  const UnitFeatures before = f;
+  Geometry s{};
+  s.n = static_cast<double>(f.conv_n);
+  s.c = static_cast<double>(f.conv_c);
+  s.k = static_cast<double>(f.conv_k);
+  s.g = static_cast<double>(f.groups);
+  s.filter = static_cast<double>(f.conv_t * f.conv_r * f.conv_s);
+  s.in_spatial = static_cast<double>(f.conv_d * f.conv_h * f.conv_w);
+  s.out_spatial = static_cast<double>(f.out_d * f.out_h * f.out_w);
+  s.elem = static_cast<double>(dtype_itemsize(f.dtype));
+  // One pass's FLOPs (features count one forward's worth per requested gradient).
+  const int npass = (passes & 1 ? 1 : 0) + (passes & 2 ? 1 : 0) + (passes & 4 ? 1 : 0);
+  const double flops_one = npass > 0 ? f.flops / npass : f.flops;
+
+  const bool depthwise = f.groups > 1 && f.groups == f.conv_c && f.conv_k % f.conv_c == 0 &&
+                         !f.transposed;
+  const bool three_by_three = f.conv_t == 1 && f.conv_r == 3 && f.conv_s == 3 && f.conv_d == 1 &&
+                              f.stride_h == 1 && f.stride_w == 1 && f.dil_h == 1 &&
+                              f.dil_w == 1 && f.groups == 1 && !f.transposed;
+  MathMode mode = f.math_mode;
+  // Narrow groups cannot fill an MMA: CUDA cores. (An ungrouped narrow stem, C_in = 3, is
+  // padded to the MMA granularity instead: implicit_gemm above.)
+  if (tensor_core_mode(mode) && f.groups > 1 &&
+      (s.c / s.g < kMinTensorCoreChannels || s.k / s.g < kMinTensorCoreChannels)) {
+    mode = MathMode::kFp32Simt;
+  }
+  if (mode == MathMode::kOther) mode = MathMode::kFp32Simt;  // FP64: scaled below
+  double min_flop_factor = 1.0;
+  double main_s = 0.0, aux_bytes = 0.0, worst = -1.0;
+  int64_t aux_kernels = 0, tiles = 0, waves = 0, tile_m = 0, tile_n = 0, split = 1;
+  ConvAlgo algo = ConvAlgo::kNone;
+  MathMode used = mode;
+  const double bw = g.mem_bw * 0.85;
+  for (int p = kFwd; p <= kWgrad; ++p) {
+    if (!(passes & (1 << p))) continue;
+    const Pass pass = static_cast<Pass>(p);
+    PassPlan plan;
+    if (depthwise) {
+      plan.algo = ConvAlgo::kDepthwiseDirect;
+      plan.mode = MathMode::kFp32Simt;  // accscalar_t math on CUDA cores, any input dtype
+      const double compute = flops_one / (g.peak_fp32 * kDepthwiseComputeEfficiency);
+      const double memory = depthwise_pass_bytes(s, pass) / (bw * kDepthwiseBandwidthFraction);
+      plan.main_s = std::max(compute, memory);
+      // One thread per output (dgrad: per input) element in 256-thread CTAs; wgrad one CTA per
+      // (channel, filter tap) reducing over the batch and the output grid.
+      const double threads = pass == kWgrad ? s.k * s.filter * 256.0
+                                            : s.n * (pass == kFwd ? s.k * s.out_spatial
+                                                                  : s.c * s.in_spatial);
+      plan.gemm.ctas = static_cast<int64_t>(std::ceil(threads / 256.0));
+      plan.gemm.ctas_per_sm = 4;
+      plan.gemm.waves = static_cast<int64_t>(
+          std::ceil(static_cast<double>(plan.gemm.ctas) / (g.sm_count * 4.0)));
+    } else {
+      plan = gemm_pass(s, pass, mode, f.dtype, flops_one, f, g);
+      if (three_by_three && !tensor_core_mode(mode)) {
+        min_flop_factor = 4.0;  // F(4x4, 3x3): the lower bound allows the fewest multiplies
+        const bool heuristic_ok = opts.cudnn_benchmark ||
+                                  (s.c >= kWinogradHeuristicMinChannels &&
+                                   s.k >= kWinogradHeuristicMinChannels);
+        if (heuristic_ok) {
+          GemmProblem wp = implicit_gemm(s, pass, mode, f.dtype, flops_one / kWinogradFlopReduction,
+                                         f);
+          const GemmPlan wg = plan_gemm(wp, g);
+          // Transformed input and output tiles written and read back by the transform kernels.
+          const double wbytes = 2.0 * kWinogradTransformFactor *
+                                (pass == kWgrad ? s.x_bytes() + s.y_bytes()
+                                                : s.x_bytes() + s.y_bytes());
+          const double wtime = wg.compute_s + wbytes / bw;
+          if (wtime < plan.main_s + plan.aux_bytes / bw) {
+            plan.algo = ConvAlgo::kWinograd;
+            plan.gemm = wg;
+            plan.main_s = wg.compute_s;
+            plan.aux_bytes = wbytes + wg.aux_bytes;
+            plan.aux_kernels = 2 + wg.aux_kernels;
+          }
+        }
+      }
+      if ((mode == MathMode::kFp16Tc || mode == MathMode::kBf16Tc) && !f.channels_last) {
+        // Half-precision tensor-core kernels are NHWC: an NCHW tensor is transposed in
+        // (nchwToNhwcKernel) and the result back (nhwcToNchwKernel), weights too.
+        const double in_b = pass == kDgrad ? s.y_bytes() : (pass == kWgrad ? s.y_bytes() + s.x_bytes()
+                                                                           : s.x_bytes());
+        const double out_b = pass == kFwd ? s.y_bytes() : (pass == kDgrad ? s.x_bytes() : 0.0);
+        plan.aux_bytes += 2.0 * (in_b + out_b + s.w_bytes());
+        plan.aux_kernels += pass == kWgrad ? 3 : 3;
+      }
+    }
+    if (f.math_mode == MathMode::kOther && f.flops > 0) {
+      plan.main_s *= g.peak_fp32 / std::max(1.0, peak_flops_for(MathMode::kOther, f.dtype, g));
+    }
+    main_s += plan.main_s;
+    aux_bytes += plan.aux_bytes;
+    aux_kernels += plan.aux_kernels;
+    if (plan.main_s > worst) {
+      worst = plan.main_s;
+      algo = plan.algo;
+      used = plan.mode;
+      tiles = plan.gemm.ctas;
+      waves = plan.gemm.waves;
+      tile_m = plan.gemm.tile_m;
+      tile_n = plan.gemm.tile_n;
+      split = plan.gemm.split_k;
+      f.blocks_per_sm = plan.gemm.ctas_per_sm;
+    }
+  }
+  f.conv_algo = static_cast<int>(algo);
+  if (f.math_mode != MathMode::kOther) f.math_mode = used;
+  f.kernel_compute_s = main_s;
+  f.aux_bytes += aux_bytes;
+  f.kernels += aux_kernels;
+  f.tiles = tiles;
+  f.waves = waves;
+  f.tile_m = tile_m;
+  f.tile_n = tile_n;
+  f.split_k = split;
+  f.parallelism = static_cast<double>(tiles) * 256.0;
+  if (f.groups > 1 && !depthwise) {
+    // Never slower than the dense convolution of the same shape, whatever algorithm that one
+    // gets (cuDNN can run a grouped convolution as the dense one on a block-diagonal filter).
+    UnitFeatures dense = before;
+    dense.groups = 1;
+    dense.flops = before.flops * static_cast<double>(before.groups);
+    plan_conv(dense, passes, g, opts);
+    const double bw_aux = g.mem_bw * 0.85;
+    if (dense.kernel_compute_s + (dense.aux_bytes - before.aux_bytes) / bw_aux <
+        f.kernel_compute_s + (f.aux_bytes - before.aux_bytes) / bw_aux) {
+      f.conv_algo = dense.conv_algo;
+      f.math_mode = dense.math_mode;
+      f.kernel_compute_s = dense.kernel_compute_s;
+      f.aux_bytes = dense.aux_bytes;
+      f.kernels = dense.kernels;
+      f.tiles = dense.tiles;
+      f.waves = dense.waves;
+      f.tile_m = dense.tile_m;
+      f.tile_n = dense.tile_n;
+      f.split_k = dense.split_k;
+      f.blocks_per_sm = dense.blocks_per_sm;
+      f.parallelism = dense.parallelism;
+    }
+  }
+  return min_flop_factor;
+}
+
+}  // namespace blink

@@ -1,0 +1,188 @@
+// GEMM plans: which cuBLAS(Lt) kernel configuration a GEMM runs as, and its compute time.
+//
+// cuBLAS does not run one tile shape everywhere: its heuristics (cublasLtMatmulAlgoGetHeuristic,
+// behind at::cuda::blas::gemm in aten/src/ATen/cuda/CUDABlas.cpp) pick a kernel per shape and
+// GPU from a family of tile shapes, split-K factors and, from sm_90 on, stream-K / persistent
+// schedules, aiming for the fastest. Blink models the candidates below and keeps the fastest
+// predicted one, so a GEMM whose tiles would leave a mostly empty last wave is not charged for
+// it when a smaller tile or a K split fills the GPU. GEMMs with M or N <= kGemvMaxDim run the
+// memory-bound GEMV / small-N kernels (cublas gemv, gemvx, gemmSN).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "blink/kernel_plan.h"
+
+namespace blink {
+namespace {
+
+struct TileShape {
+  int64_t m, n;
+  int64_t ctas_per_sm;  // CTAs the kernel is built to keep resident per SM
+  double efficiency;    // main-loop efficiency relative to the largest tile
+};
+
+// CUTLASS / cuBLAS tensor-core tiles (sm_70+): larger tiles reuse each loaded element over more
+// MMAs; 64x64 tiles are shared-memory-bandwidth bound at ~70% of the large-tile rate.
+constexpr TileShape kTcTiles[] = {
+    {256, 128, 1, 1.00}, {128, 256, 1, 1.00}, {128, 128, 2, 0.95},
+    {128, 64, 2, 0.85},  {64, 128, 2, 0.85},  {64, 64, 4, 0.68},
+};
+// SGEMM tiles (maxwell/volta/ampere_sgemm_128x128, 128x64, 64x64, 32x32 kernels).
+constexpr TileShape kSimtTiles[] = {
+    {128, 128, 1, 1.00}, {128, 64, 2, 0.97}, {64, 64, 4, 0.88},
+    {64, 32, 4, 0.75},   {32, 32, 8, 0.55},
+};
+
+bool tensor_core_mode(MathMode m) {
+  return m == MathMode::kTf32 || m == MathMode::kBf16Tc || m == MathMode::kFp16Tc ||
+         m == MathMode::kFp8Tc;
+}
+
+double ceil_div(double a, double b) { return std::ceil(a / b); }
+
+// Bytes per element of the tile the epilogue stores: the output dtype (fp32 accumulators are
+// converted before the store).
+double out_bytes(int dtype) {
+  try {
+    return static_cast<double>(dtype_itemsize(dtype));
+  } catch (const Error&) {
+    return 4.0;
+  }
+}
+
+}  // namespace
+
+double sustained_peak(MathMode mode, int dtype, const GpuSpec& gpu) {
+  return peak_flops_for(mode, dtype, gpu);
+}
+
+GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
+  GemmPlan best;
+  const double m = std::max(1.0, p.m), n = std::max(1.0, p.n), k = std::max(1.0, p.k);
+  const double batch = std::max(1.0, p.batch);
+  const double sms = std::max(1, g.sm_count);
+  const double clock = g.clock_hz > 0 ? g.clock_hz : 1.5e9;
+  const bool tc = tensor_core_mode(p.mode);
+  const double peak = sustained_peak(p.mode, p.dtype, g);
+  if (!(peak > 0)) return best;
+
+  if (std::min(m, n) <= static_cast<double>(p.gemv_max_dim)) {
+    // GEMV / small-N: CUDA-core dot products, bound by reading the big operand.
+    best.gemv = true;
+    best.compute_s = 2.0 * m * n * k * batch /
+                     (sustained_peak(MathMode::kFp32Simt, 6, g) * kGemvComputeEfficiency);
+    best.tile_m = std::min<int64_t>(static_cast<int64_t>(m), p.gemv_max_dim);
+    best.tile_n = std::min<int64_t>(static_cast<int64_t>(n), p.gemv_max_dim);
+    best.ctas = static_cast<int64_t>(std::max(1.0, ceil_div(std::max(m, n) * batch, 32.0)));
+    best.ctas_per_sm = 8;
+    best.waves = static_cast<int64_t>(ceil_div(static_cast<double>(best.ctas), sms * 8.0));
+    return best;
+  }
+
+  const double base = (tc ? kTcGemmBaseEfficiency : kSimtGemmBaseEfficiency) * p.efficiency_scale;
+  const double peak_sm_clk = peak / (sms * clock);  // FLOP per clock per SM
+  const double ob = out_bytes(p.dtype);
+  best.compute_s = std::numeric_limits<double>::infinity();
+  const TileShape* tiles = tc ? kTcTiles : kSimtTiles;
+  const size_t count = tc ? sizeof(kTcTiles) / sizeof(kTcTiles[0])
+                          : sizeof(kSimtTiles) / sizeof(kSimtTiles[0]);
+  for (size_t t = 0; t < count; ++t) {
+    const TileShape& ts = tiles[t];
+    const double c = static_cast<double>(ts.ctas_per_sm);
+    const double slots = sms * c;
+    const double out_tiles = ceil_div(m, static_cast<double>(ts.m)) *
+                             ceil_div(n, static_cast<double>(ts.n)) * batch;
+    // Clocks one K step of this tile takes alone on an SM, and the CTA's fixed prologue +
+    // epilogue clocks (latency: overlapped with the other resident CTAs' math).
+    const double clk_per_k = 2.0 * static_cast<double>(ts.m * ts.n) / peak_sm_clk;
+    const double fixed_clk =
+        kCtaPrologueClocks + static_cast<double>(ts.m * ts.n) * ob / kEpilogueBytesPerClock / c;
+    const double eff = base * ts.efficiency;
+    const int max_split = static_cast<int>(std::min<double>(
+        p.max_split, std::max(1.0, std::floor(k / kSplitKMinK))));
+    for (int split = 1; split <= max_split; split = split < 4 ? split + 1 : split * 2) {
+      // Every split is tried: one pays off when it evens out the last wave (its partial-sum
+      // traffic and reduce kernel are charged below, so a full GPU keeps split = 1).
+      const double ks = std::ceil(k / split);
+      const double ctas = out_tiles * split;
+      // A wave with j of the c designed CTAs per SM: each shares the SM j ways, and the SM
+      // reaches sqrt(j / c) of its rate (fewer warps to hide latency), so a partial last wave
+      // costs less than a full one but more than its share of the work.
+      auto wave_s = [&](double j) {
+        return (ks * clk_per_k * j / std::sqrt(j / c) + fixed_clk) / (clock * eff);
+      };
+      const double full = std::floor(ctas / slots);
+      const double rest = ctas - full * slots;
+      const double waves = full + (rest > 0 ? 1.0 : 0.0);
+      const double tile_s = wave_s(c);
+      double time = full * tile_s + (rest > 0 ? wave_s(std::min(c, std::ceil(rest / sms))) : 0.0);
+      bool stream_k = false;
+      if (g.cc_major >= 9 && split == 1) {
+        // Stream-K: the tiles' K iterations spread evenly over all slots, no partial wave.
+        const double sk = std::max(tile_s, ctas * tile_s / slots) / kStreamKEfficiency;
+        if (sk < time) {
+          time = sk;
+          stream_k = true;
+        }
+      }
+      double aux_bytes = 0.0;
+      if (split > 1) {
+        // cuBLAS's split-K: fp32 partial sums written by each split, read back by a reduce
+        // kernel (splitKreduce_kernel) that writes the output.
+        aux_bytes = 2.0 * split * m * n * batch * 4.0;
+        time += aux_bytes / (g.mem_bw * 0.85);
+      }
+      if (time < best.compute_s) {
+        best.compute_s = time;
+        best.tile_m = ts.m;
+        best.tile_n = ts.n;
+        best.split_k = split;
+        best.ctas = static_cast<int64_t>(ctas);
+        best.ctas_per_sm = ts.ctas_per_sm;
+        best.waves = stream_k ? static_cast<int64_t>(std::ceil(ctas / slots))
+                              : static_cast<int64_t>(waves);
+        best.stream_k = stream_k;
+        best.aux_bytes = aux_bytes;
+        best.aux_kernels = split > 1 ? 1 : 0;
+      }
+    }
+  }
+  // The split-K reduce was costed inside compute_s above; report its traffic only.
+  if (best.aux_bytes > 0) best.compute_s -= best.aux_bytes / (g.mem_bw * 0.85);
+  return best;
+}
+
+void plan_gemm_unit(UnitFeatures& f, const GpuSpec& g) {
+  GemmProblem p;
+  p.m = static_cast<double>(f.m);
+  p.n = static_cast<double>(f.n);
+  p.k = static_cast<double>(f.k);
+  p.batch = static_cast<double>(std::max<int64_t>(f.batch, 1));
+  p.mode = f.math_mode;
+  p.dtype = f.dtype;
+  if (f.m <= 0 || f.n <= 0 || f.k <= 0) return;
+  if (f.math_mode == MathMode::kOther) p.mode = MathMode::kFp32Simt;  // FP64 / integer GEMMs
+  const GemmPlan plan = plan_gemm(p, g);
+  double compute = plan.compute_s;
+  if (f.math_mode == MathMode::kOther && f.flops > 0) {
+    // Double precision: the FP64 rate, not the FP32 plan.
+    compute *= peak_flops_for(MathMode::kFp32Simt, 6, g) /
+               std::max(1.0, peak_flops_for(MathMode::kOther, f.dtype, g));
+  }
+  f.kernel_compute_s = compute;
+  f.tile_m = plan.tile_m;
+  f.tile_n = plan.tile_n;
+  f.split_k = plan.split_k;
+  f.tiles = plan.ctas;
+  f.blocks_per_sm = plan.ctas_per_sm;
+  f.waves = plan.waves;
+  f.parallelism = static_cast<double>(plan.ctas) * 256.0;
+  f.aux_bytes += plan.aux_bytes;
+  f.kernels += plan.aux_kernels;
+  // GEMV / small-N kernels do their dot products on CUDA cores: say so.
+  if (plan.gemv && f.math_mode != MathMode::kOther) f.math_mode = MathMode::kFp32Simt;
+}
+
+}  // namespace blink

@@ -1,0 +1,123 @@
+#pragma once
+// How the GEMM-like kernels of a unit run on a target GPU, as the CUDA libraries choose them:
+// cuBLAS(Lt)'s choice among tile shapes, split-K and stream-K for a GEMM (csrc/core/gemm_cost.cpp)
+// and ATen's / cuDNN's choice among convolution algorithms (csrc/core/conv_cost.cpp). Each plan
+// is the fastest predicted candidate, as cuBLAS's heuristics and cuDNN's heuristics (or
+// cudnn.benchmark's measurement) aim for. Torch-free; seconds, bytes, FLOPs.
+#include <cstdint>
+
+#include "blink/features.h"
+
+namespace blink {
+
+// ---- constants (each with why) ---------------------------------------------------------------
+
+// Fraction of dense tensor-core peak the largest cuBLAS tiles sustain on big GEMMs: 75-85%
+// (clocks fall under tensor-core load; epilogue and pipeline bubbles). Smaller tiles lose more
+// (kernel_plan tile table in gemm_cost.cpp).
+inline constexpr double kTcGemmBaseEfficiency = 0.80;
+// SGEMM on CUDA cores with 128x128 register-blocked tiles reaches ~88-92% of FMA peak.
+inline constexpr double kSimtGemmBaseEfficiency = 0.88;
+// A CTA's fixed cost besides its main loop, in SM clocks: the pipeline prologue waits one
+// global-memory round trip (~600-800 clocks under load) before the first MMA, and the epilogue
+// stores the output tile through the SM's ~64 B/clock store path. Converted to an equivalent K
+// per tile shape and GPU (the "small-K regime"), so it differs per architecture and math mode.
+inline constexpr double kCtaPrologueClocks = 700.0;
+inline constexpr double kEpilogueBytesPerClock = 64.0;
+// cuBLAS splits K only while each split keeps at least this much K (fewer steps than the
+// pipeline depth would not amortise the prologue), and at most 16 ways.
+inline constexpr double kSplitKMinK = 128.0;
+inline constexpr int kSplitKMax = 16;
+// cuDNN's weight-gradient kernels reduce over N * output spatial (the implicit GEMM's K, often
+// 10^5-10^6) and parallelise that reduction across many CTAs (CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0
+// / _1 accumulate partial filters), far beyond cuBLAS's split-K.
+inline constexpr int kWgradSplitMax = 1024;
+// Stream-K / persistent kernels (cuBLASLt on sm_90+) spread the tiles' K iterations evenly over
+// the SMs, so no partial last wave; the fix-up of shared tiles costs ~5%.
+inline constexpr double kStreamKEfficiency = 0.95;
+// A GEMM whose M or N is at most this runs cuBLAS's GEMV / small-N kernels (gemv, gemvx,
+// gemmSN): memory-bound, math on CUDA cores.
+inline constexpr int64_t kGemvMaxDim = 8;
+inline constexpr int64_t kConvGemvMaxDim = 4;
+// GEMV / skinny kernels: arithmetic at half of the FMA rate (dot-product reductions, shuffles).
+inline constexpr double kGemvComputeEfficiency = 0.5;
+
+// cuDNN implicit-GEMM convolutions relative to a GEMM of the same implicit shape: im2col
+// address arithmetic and filter-shape-dependent tiles cost ~15%.
+inline constexpr double kConvVsGemmEfficiency = 0.85;
+// Winograd F(4x4, 3x3) needs 36 multiplies per 4x4 output tile where direct needs 144 (4x), and
+// F(2x2, 3x3) 16 for 36 (2.25x). cuDNN's WINOGRAD / WINOGRAD_NONFUSED kernels net ~2.25x over
+// direct FLOPs after the transforms; the transformed tiles are extra traffic (below).
+inline constexpr double kWinogradFlopReduction = 2.25;
+// WINOGRAD_NONFUSED writes and re-reads the transformed input / output tiles (6x6 per 4x4: 2.25x
+// the tensor) in separate transform kernels.
+inline constexpr double kWinogradTransformFactor = 2.25;
+// Tensor-core convolutions need channels per group padded to the MMA's K granularity: 8 for
+// fp16 / bf16, 4 for TF32 (cuDNN pads, e.g. a C_in = 3 stem runs as C_in = 8).
+inline constexpr int64_t kTcChannelAlign16 = 8;
+inline constexpr int64_t kTcChannelAlignTf32 = 4;
+// Per-group channels below this cannot fill an MMA's N / K: such grouped convolutions run on
+// CUDA cores.
+inline constexpr int64_t kMinTensorCoreChannels = 8;
+// PyTorch's direct depthwise kernels (aten/src/ATen/native/cuda/DepthwiseConv2d.cu,
+// DepthwiseConv3d.cu): one thread per output element looping over the filter window, inputs
+// through the L1/texture cache. They sustain about half of a streaming kernel's DRAM bandwidth
+// (gather-like window loads, no vectorisation) and a quarter of the FMA rate (index math per
+// tap).
+inline constexpr double kDepthwiseBandwidthFraction = 0.5;
+inline constexpr double kDepthwiseComputeEfficiency = 0.25;
+
+// ---- GEMM -----------------------------------------------------------------------------------
+
+struct GemmProblem {
+  double m = 0, n = 0, k = 0, batch = 1;
+  MathMode mode = MathMode::kFp32Simt;
+  int dtype = 6;
+  double efficiency_scale = 1.0;  // e.g. kConvVsGemmEfficiency for an implicit-GEMM conv
+  int max_split = kSplitKMax;     // K splits the library uses at most
+  // M or N at most this runs a GEMV / small-N kernel (cuBLAS: kGemvMaxDim; cuDNN's implicit
+  // GEMMs only for a single-digit channel count on CUDA cores, kConvGemvMaxDim).
+  int64_t gemv_max_dim = kGemvMaxDim;
+};
+
+struct GemmPlan {
+  double compute_s = 0.0;
+  double aux_bytes = 0.0;   // traffic of extra kernels (split-K partial sums)
+  int64_t aux_kernels = 0;  // their launches
+  int64_t tile_m = 0, tile_n = 0, split_k = 1;
+  int64_t ctas = 0, ctas_per_sm = 1, waves = 0;
+  bool stream_k = false;
+  bool gemv = false;
+};
+
+// Sustained FLOP/s of a math mode on `gpu` (the datasheet peak where nothing says otherwise).
+double sustained_peak(MathMode mode, int dtype, const GpuSpec& gpu);
+
+// The fastest predicted cuBLAS configuration for the problem on `gpu`.
+GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& gpu);
+
+// ---- convolution ----------------------------------------------------------------------------
+
+enum class ConvAlgo : int {
+  kNone = 0,
+  kImplicitGemm = 1,     // cuDNN IMPLICIT(_PRECOMP)_GEMM, on tensor cores where the math allows
+  kWinograd = 2,         // cuDNN WINOGRAD(_NONFUSED): 3x3, stride 1, CUDA-core math
+  kDepthwiseDirect = 3,  // ATen's own _conv_depthwise2d / conv_depthwise3d kernels
+  kGroupedGemm = 4,      // cuDNN grouped convolution (one batched implicit GEMM over groups)
+};
+
+const char* conv_algo_name(ConvAlgo a);
+
+// Chooses the convolution algorithm for a conv unit whose geometry and math mode features.cpp
+// filled (forward or backward; the backward's passes come from `passes`: bit 0 grad_input,
+// bit 1 grad_weight), and sets the plan fields of `f`: conv_algo, math_mode (CUDA cores for
+// the depthwise and Winograd paths), tile_m / tile_n / split_k / tiles / waves,
+// kernel_compute_s, aux_bytes and kernels. Returns the factor by which the cheapest algorithm
+// family considered can cut the multiplies below the direct FLOPs (4 where Winograd F(4x4, 3x3)
+// applies, else 1): the roofline lower bound divides the FLOPs by it.
+double plan_conv(UnitFeatures& f, int passes, const GpuSpec& gpu, const FeatureOptions& opts);
+
+// Sets the plan fields of a GEMM unit (tile shape, split-K, waves, kernel_compute_s, aux traffic).
+void plan_gemm_unit(UnitFeatures& f, const GpuSpec& gpu);
+
+}  // namespace blink

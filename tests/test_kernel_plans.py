@@ -1,0 +1,308 @@
+"""Kernel-faithful cost rules (csrc/core/gemm_cost.cpp, conv_cost.cpp, the memory-bound passes
+in features.cpp and the L2 window in cost_model.cpp), checked against what each kernel's
+algorithm must do: the bytes it has to move, the FLOPs it has to run, the CTAs it launches.
+Expectations are derived here from shapes and the hardware table, never read back from the
+engine."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import blink
+from blink.cost import tensor_arg, unit_features
+from blink.hardware import get_gpu
+
+F32, F16, BF16 = 6, 5, 15
+INT, BOOL, INTL, NONE = 3, 5, 7, 0
+
+
+def tensor(shape, dt=F32, sid=0, channels_last=False):
+    if channels_last:
+        n, c, h, w = shape
+        return tensor_arg(shape, dt, (h * w * c, 1, w * c, c), sid)
+    return tensor_arg(shape, dt, None, sid)
+
+
+def conv(n, c, h, w, k, r, groups=1, stride=1, dt=F32, gpu="H100-SXM", cl=False, bias=False,
+         **kw):
+    pad = r // 2
+    oh = (h + 2 * pad - r) // stride + 1
+    ow = (w + 2 * pad - r) // stride + 1
+    ins = [tensor((n, c, h, w), dt, -1, cl), tensor((k, c // groups, r, r), dt, -2, cl),
+           tensor((k,), dt, -3) if bias else (NONE, None), (INTL, [stride, stride]),
+           (INTL, [pad, pad]), (INTL, [1, 1]), (BOOL, False), (INTL, [0, 0]), (INT, groups)]
+    f = unit_features("aten::convolution", ins, [tensor((n, k, oh, ow), dt, 1, cl)], gpu, **kw)
+    return f
+
+
+def conv_bytes(n, c, h, w, k, r, groups, item):
+    """What any convolution kernel must move: input, weight, output once each."""
+    return (n * c * h * w + k * (c // groups) * r * r + n * k * h * w) * item
+
+
+def mm(m, k, n, dt=F32, gpu="A100-40GB", batch=None, **kw):
+    if batch is None:
+        return unit_features("aten::mm", [tensor((m, k), dt, -1), tensor((k, n), dt, -2)],
+                             [tensor((m, n), dt, 1)], gpu, **kw)
+    return unit_features("aten::bmm", [tensor((batch, m, k), dt, -1),
+                                       tensor((batch, k, n), dt, -2)],
+                         [tensor((batch, m, n), dt, 1)], gpu, **kw)
+
+
+def bw(gpu):
+    return get_gpu(gpu).memory_bandwidth_bytes_per_s
+
+
+# ---- convolutions ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-40GB", "T4", "V100"])
+@pytest.mark.parametrize("dt, item", [(F32, 4), (F16, 2)])
+def test_depthwise_conv_is_a_direct_memory_bound_kernel(gpu, dt, item):
+    # MobileNet-style 3x3 depthwise: 9 MACs per output, so its roofline is the bytes it moves.
+    n, c, h = 64, 256, 56
+    f = conv(n, c, h, h, c, 3, groups=c, dt=dt, gpu=gpu)
+    assert f["conv_algo"] == "depthwise_direct"
+    assert f["math_mode"] == "fp32_simt"  # CUDA cores, accumulate in fp32, never tensor cores
+    floor = conv_bytes(n, c, h, h, c, 3, c, item) / bw(gpu)
+    assert floor <= f["analytic_time_s"] <= 4.0 * floor
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-40GB", "T4"])
+def test_depthwise_conv_is_cheaper_than_the_dense_conv_of_its_shape(gpu):
+    # FP32 on CUDA cores for both (TF32 off), so the dense conv pays its 128x FLOPs
+    dense = conv(32, 128, 56, 56, 128, 3, gpu=gpu, allow_tf32_cudnn=False)
+    dw = conv(32, 128, 56, 56, 128, 3, groups=128, gpu=gpu, allow_tf32_cudnn=False)
+    # 128x fewer FLOPs and the same bytes: at least several times cheaper, never dearer
+    assert dw["analytic_time_s"] * 3 < dense["analytic_time_s"]
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-40GB", "T4", "V100", "P100"])
+@pytest.mark.parametrize("dt", [F32, F16])
+@pytest.mark.parametrize("groups", [2, 4, 8, 16, 32, 64])
+def test_grouped_conv_never_slower_than_dense(gpu, dt, groups):
+    kw = {"dt": dt, "gpu": gpu, "cl": dt == F16}
+    dense = conv(16, 256, 28, 28, 256, 3, groups=1, **kw)
+    grouped = conv(16, 256, 28, 28, 256, 3, groups=groups, **kw)
+    assert grouped["flops"] * groups == dense["flops"]
+    assert grouped["analytic_time_s"] <= dense["analytic_time_s"] * (1 + 1e-9)
+
+
+def test_narrow_stem_is_padded_on_tensor_cores():
+    # cuDNN pads C_in = 3 to the MMA's 8 channels: the same GEMM as a C_in = 8 stem, so the
+    # same compute, with tensor-core math (not CUDA cores).
+    c3 = conv(64, 3, 224, 224, 64, 7, stride=2, dt=F16, cl=True)
+    c8 = conv(64, 8, 224, 224, 64, 7, stride=2, dt=F16, cl=True)
+    assert c3["math_mode"] == c8["math_mode"] == "fp16_tc"
+    assert c3["kernel_compute_s"] == pytest.approx(c8["kernel_compute_s"], rel=1e-9)
+    assert c3["flops"] * 8 == c8["flops"] * 3
+
+
+def test_nchw_half_conv_pays_layout_transposes():
+    n, c, h, k = 32, 256, 28, 256
+    nhwc = conv(n, c, h, h, k, 3, dt=F16, cl=True)
+    nchw = conv(n, c, h, h, k, 3, dt=F16, cl=False)
+    assert nchw["kernels"] == nhwc["kernels"] + 3  # input, weight and output transposes
+    # read + write of input, weight and output, at best at full bandwidth
+    moved = 2 * conv_bytes(n, c, h, h, k, 3, 1, 2)
+    assert nchw["aux_bytes"] == pytest.approx(moved)
+    assert nchw["analytic_time_s"] - nhwc["analytic_time_s"] >= moved / bw("H100-SXM")
+    # TF32 kernels read NCHW directly: no transposes
+    tf32 = conv(n, c, h, h, k, 3, dt=F32)
+    assert tf32["math_mode"] == "tf32" and tf32["aux_bytes"] == 0
+
+
+def test_conv_bias_is_a_separate_add_kernel():
+    n, c, h, k = 8, 64, 56, 64
+    plain = conv(n, c, h, h, k, 3, dt=F16, cl=True)
+    biased = conv(n, c, h, h, k, 3, dt=F16, cl=True, bias=True)
+    assert biased["kernels"] == plain["kernels"] + 1
+    assert biased["aux_bytes"] - plain["aux_bytes"] == 2 * n * k * h * h * 2
+
+
+@pytest.mark.parametrize("gpu", ["V100", "P100", "T4"])
+def test_winograd_runs_below_the_direct_flop_roofline(gpu):
+    # FP32 3x3 stride-1 on GPUs without TF32: cuDNN's Winograd does ~2.25x fewer multiplies, so
+    # the kernel beats FLOPs / peak; the roofline lower bound must still sit below it.
+    f = conv(32, 256, 28, 28, 256, 3, gpu=gpu, allow_tf32_cudnn=False, cudnn_benchmark=True)
+    direct = f["flops"] / get_gpu(gpu).peak_flops["fp32"]
+    assert f["conv_algo"] == "winograd" and f["math_mode"] == "fp32_simt"
+    assert f["kernel_compute_s"] < direct
+    assert f["roofline_time_s"] <= f["analytic_time_s"]
+    # a 1x1 convolution has no Winograd form
+    assert conv(32, 256, 28, 28, 256, 1, gpu=gpu, allow_tf32_cudnn=False)["conv_algo"] == \
+        "implicit_gemm"
+
+
+def test_narrow_stem_weight_gradient_is_split_across_the_gpu():
+    # wgrad of a C_in = 3 stem: an implicit GEMM of 64 x 27 outputs reducing over N*H*W = 3.2M;
+    # cuDNN spreads that reduction over the GPU, so the time stays within a small factor of
+    # the roofline (FLOPs at the FP32 rate, or the bytes).
+    go = tensor((64, 64, 224, 224), F32, -1)
+    x = tensor((64, 3, 224, 224), F32, -2)
+    w = tensor((64, 3, 3, 3), F32, -3)
+    f = unit_features("aten::convolution_backward",
+                      [go, x, w, (NONE, None), (INTL, [1, 1]), (INTL, [1, 1]), (INTL, [1, 1]),
+                       (BOOL, False), (INTL, [0, 0]), (INT, 1), (INTL, [0, 1, 0])],
+                      [(NONE, None), tensor((64, 3, 3, 3), F32, 2), (NONE, None)], "V100",
+                      allow_tf32_cudnn=False)
+    g = get_gpu("V100")
+    floor = max(f["flops"] / g.peak_flops["fp32"],
+                (64 * 64 * 224 * 224 + 64 * 3 * 224 * 224) * 4 / g.memory_bandwidth_bytes_per_s)
+    assert f["split_k"] > 16
+    assert f["analytic_time_s"] <= 6 * floor
+
+
+# ---- GEMMs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-40GB", "T4"])
+@pytest.mark.parametrize("dt, item", [(F32, 4), (F16, 2)])
+def test_matrix_vector_products_are_memory_bound(gpu, dt, item):
+    m = k = 8192
+    f = unit_features("aten::mv", [tensor((m, k), dt, -1), tensor((k,), dt, -2)],
+                      [tensor((m,), dt, 1)], gpu)
+    floor = (m * k + k + m) * item / bw(gpu)
+    assert f["math_mode"] == "fp32_simt"  # GEMV dot products on CUDA cores
+    assert floor <= f["analytic_time_s"] <= 1.6 * floor
+    # a GEMM with N = 1 is the same GEMV
+    g = mm(m, k, 1, dt=dt, gpu=gpu)
+    assert g["analytic_time_s"] == pytest.approx(f["analytic_time_s"], rel=0.05)
+
+
+def test_tiny_batched_gemm_is_memory_bound():
+    # 196x4 @ 4x4 per matrix (a ViT-style tiny bmm): nothing for tensor-core tiles to do;
+    # the time is the bytes it moves.
+    b = 4096
+    f = mm(196, 4, 4, dt=F16, gpu="A100-40GB", batch=b)
+    floor = b * (196 * 4 + 4 * 4 + 196 * 4) * 2 / bw("A100-40GB")
+    assert floor <= f["analytic_time_s"] <= 2.0 * floor
+
+
+# (Volta has no stream-K and its partial-wave step is real: left out.)
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-40GB"])
+def test_no_invented_tail_wave(gpu):
+    # One 128-row tile more than fills the GPU once: cuBLAS picks another tile / split (or
+    # stream-K), and a nearly empty last wave is not a full wave: 1% more work never costs 2x.
+    sms = get_gpu(gpu).sm_count
+    m = 128 * sms
+    base = mm(m, 4096, 128, dt=F16, gpu=gpu)
+    more = mm(m + 128, 4096, 128, dt=F16, gpu=gpu)
+    assert more["analytic_time_s"] < 1.4 * base["analytic_time_s"]
+
+
+def test_gemm_time_grows_with_work_not_in_steps():
+    sizes = list(range(1024, 16384 + 1, 512))
+    times = [mm(s, 2048, 2048, dt=BF16, gpu="H100-SXM")["analytic_time_s"] for s in sizes]
+    for i in range(1, len(sizes)):
+        sa, a, sb, b = sizes[i - 1], times[i - 1], sizes[i], times[i]
+        assert b >= a * 0.999              # monotone
+        assert b / a <= sb / sa * 1.15     # no wave step beyond the added work
+
+
+@pytest.mark.parametrize("gpu", ["P4", "P100"])
+def test_half_on_pascal_runs_at_the_fp32_rate(gpu):
+    # Pascal has no tensor cores: cuBLAS runs half GEMMs with an FP32 compute type on CUDA
+    # cores, at the FP32 rate (not P4's 1/64-rate native half).
+    h = mm(4096, 4096, 4096, dt=F16, gpu=gpu)
+    s = mm(4096, 4096, 4096, dt=F32, gpu=gpu)
+    assert h["math_mode"] == "fp32_simt"
+    assert 0.8 < h["analytic_time_s"] / s["analytic_time_s"] <= 1.0 + 1e-9
+
+
+@pytest.mark.parametrize("gpu, dt, want", [("T4", BF16, "fp32_simt"), ("V100", BF16, "fp32_simt"),
+                                           ("A100-40GB", BF16, "bf16_tc"),
+                                           ("T4", F16, "fp16_tc")])
+def test_math_mode_labels_follow_the_hardware(gpu, dt, want):
+    assert mm(2048, 2048, 2048, dt=dt, gpu=gpu)["math_mode"] == want
+
+
+def test_tf32_needs_ampere():
+    assert mm(2048, 2048, 2048, gpu="V100", allow_tf32_matmul=True)["math_mode"] == "fp32_simt"
+    assert mm(2048, 2048, 2048, gpu="A100-40GB", allow_tf32_matmul=True)["math_mode"] == "tf32"
+
+
+# ---- memory-bound kernels ----------------------------------------------------------------------
+
+
+def _ln(rows, h, gpu="A100-40GB"):
+    return unit_features("aten::native_layer_norm",
+                         [tensor((rows, h)), (INTL, [h]), tensor((h,), F32, -2),
+                          tensor((h,), F32, -3), (4, 1e-5)],
+                         [tensor((rows, h), F32, 1), tensor((rows, 1), F32, 2),
+                          tensor((rows, 1), F32, 3)], gpu)
+
+
+def _softmax(rows, h, gpu="A100-40GB"):
+    return unit_features("aten::_softmax", [tensor((rows, h)), (INT, 1), (BOOL, False)],
+                         [tensor((rows, h), F32, 1)], gpu)
+
+
+def test_layer_norm_reads_its_input_twice():
+    rows, h = 16384, 4096
+    f = _ln(rows, h)
+    x = rows * h * 4
+    # statistics pass + normalise pass over x, one write of y: at least 3 x-sized transfers
+    assert f["input_passes"] == 2
+    assert f["analytic_time_s"] >= 3 * x / bw("A100-40GB")
+
+
+def test_softmax_passes_follow_the_kernel_choice():
+    short = _softmax(65536, 1024)   # persistent warp softmax: row in registers, one pass
+    long = _softmax(16384, 4096)    # block softmax: max and sum passes, then the write
+    assert short["input_passes"] == 1 and long["input_passes"] == 2
+    x = 65536 * 1024 * 4
+    assert short["analytic_time_s"] < 2.6 * x / bw("A100-40GB")
+    assert long["analytic_time_s"] >= 3 * x / bw("A100-40GB")
+
+
+def test_row_kernels_with_few_rows_cannot_fill_the_gpu():
+    # 16 rows of 4M elements run 16 CTAs: a fraction of a 108-SM GPU's bandwidth.
+    few = _softmax(16, 1 << 22)
+    many = _softmax(1 << 14, 1 << 12)  # the same bytes over 16384 rows
+    assert few["tiles"] == 16
+    assert few["analytic_time_s"] > 3 * many["analytic_time_s"]
+
+
+def test_small_working_sets_stay_in_l2_across_units():
+    class Chain(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x * 2.0) + 1.0
+
+    def hits(n):
+        t = blink.trace_model(Chain(), inputs=(torch.empty(n, device="meta"),))
+        return [r["l2_hit_bytes"] for r in blink.cost.trace_features(t, "H100-SXM")]
+
+    small = hits(1 << 18)  # 1 MiB fp32 activations: each kernel's input was just written
+    assert len(small) >= 3 and small[0] == 0 and all(h == (1 << 18) * 4 for h in small[1:])
+    big = hits(1 << 28)    # 1 GiB: evicted long before it is read again
+    assert all(h == 0 for h in big)
+
+
+def test_l2_hits_make_a_chain_cheaper_than_its_lone_units():
+    class Chain(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x * 2.0) + 1.0
+
+    t = blink.trace_model(Chain(), inputs=(torch.empty(1 << 18, device="meta"),))
+    rows = blink.cost.trace_features(t, "H100-SXM")
+    lone = [unit_features("aten::mul.Tensor" if "mul" in r["op"] else r["op"],
+                          *_args(t, r["op_id"]), "H100-SXM")["analytic_time_s"] for r in rows]
+    assert rows[0]["analytic_time_s"] == pytest.approx(lone[0])
+    assert all(r["analytic_time_s"] <= lt for r, lt in zip(rows[1:], lone[1:], strict=True))
+
+
+def _args(t, op_id):
+    rec = t._raw["ops"][op_id]
+    return rec[10], rec[11]
+
+
+def test_kernel_plan_features_are_exposed():
+    f = mm(4096, 4096, 4096, dt=F16, gpu="H100-SXM")
+    for key in ("tile_m", "tile_n", "split_k", "kernel_compute_s", "aux_bytes", "input_passes",
+                "l2_hit_bytes", "conv_algo", "channels_last"):
+        assert key in f
+    assert f["kernel_compute_s"] >= f["flops"] / get_gpu("H100-SXM").peak_flops["fp16"]
+    assert math.isfinite(f["analytic_time_s"])
