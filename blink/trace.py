@@ -516,6 +516,8 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
     def _install_sdpa(self) -> None:
         lib = _sdpa_library(tuple(self._gpu.compute_capability), self._sdpa)
         self._undo.append(lib._destroy)
+        conv = _conv_layout_library()
+        self._undo.append(conv._destroy)
 
     def _uninstall(self) -> None:
         while self._undo:
@@ -562,6 +564,39 @@ def _sdpa_library(cc: tuple[int, ...], forced: str) -> torch.library.Library:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         lib.impl("scaled_dot_product_attention", fused, "CompositeImplicitAutograd")
+    return lib
+
+
+def _conv_layout_library() -> torch.library.Library:
+    """Give meta convolutions the output memory format CUDA gives them.
+
+    On CUDA, _convolution's cuDNN backends allocate the output in
+    cudnn_conv_suggest_memory_format(input, weight) (aten/src/ATen/native/ConvUtils.h):
+    channels-last when the input or the weight is, for 4-D and 5-D convolutions. The meta kernel
+    (torch/_meta_registrations.py meta_conv) leaves it contiguous, so a channels-last network
+    would be traced as NCHW after its first convolution (its backward already follows the
+    format). Registered for meta tensors during a trace only.
+    """
+    from torch._meta_registrations import meta_conv
+
+    def conv(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+             stride: list[int], padding: list[int], dilation: list[int], transposed: bool,
+             output_padding: list[int], groups: int) -> torch.Tensor:
+        out = meta_conv(input, weight, bias, stride, padding, dilation, transposed,
+                        output_padding, groups)
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(input.dim())
+        def channels_last(t: torch.Tensor) -> bool:
+            return t.is_contiguous(memory_format=fmt) and not t.is_contiguous()
+
+        if fmt is not None and out.numel() > 0 and (channels_last(input)
+                                                    or channels_last(weight)):
+            out = torch.empty(out.shape, dtype=out.dtype, device=out.device, memory_format=fmt)
+        return out
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("convolution", conv, "Meta")
     return lib
 
 
