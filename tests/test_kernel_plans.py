@@ -306,3 +306,18 @@ def test_kernel_plan_features_are_exposed():
         assert key in f
     assert f["kernel_compute_s"] >= f["flops"] / get_gpu("H100-SXM").peak_flops["fp16"]
     assert math.isfinite(f["analytic_time_s"])
+
+
+def test_broadcast_operand_is_read_once():
+    # bmm against a weight expanded over the batch (stride 0): cuBLAS's strided-batched GEMM
+    # re-reads the same matrix, which stays in L2, so DRAM sees it once.
+    b, m, k, n = 512, 256, 512, 512
+    a = tensor((b, m, k), F16, -1)
+    shared = tensor_arg((b, k, n), F16, (0, n, 1), -2)
+    own = tensor((b, k, n), F16, -3)
+    out = tensor((b, m, n), F16, 1)
+    f_shared = unit_features("aten::bmm", [a, shared], [out], "A100-40GB")
+    f_own = unit_features("aten::bmm", [a, own], [out], "A100-40GB")
+    assert f_shared["bytes_read"] == (b * m * k + k * n) * 2
+    assert f_own["bytes_read"] == (b * m * k + b * k * n) * 2
+    assert f_shared["analytic_time_s"] <= f_own["analytic_time_s"]
