@@ -52,8 +52,9 @@ def unit_features(op_name: str, inputs: list, outputs: list, gpu: GPUSpec | str,
 
 
 def trace_features(t: Any, gpu: GPUSpec | str, *, allow_tf32_matmul: bool = False,
-                   allow_tf32_cudnn: bool = True) -> list[dict]:
+                   allow_tf32_cudnn: bool = True, cudnn_benchmark: bool = False) -> list[dict]:
     """The feature row of every cost unit of a trace (the rows training reads), in unit order,
     each with its op id and name; computed by the same C++ pass blink.predict costs with, so
     trace-level features (inputs still in L2) match the unit times predict reports."""
-    return t.native().unit_features(core_gpu_spec(gpu), allow_tf32_matmul, allow_tf32_cudnn)
+    return t.native().unit_features(core_gpu_spec(gpu), allow_tf32_matmul, allow_tf32_cudnn,
+                                    cudnn_benchmark)

@@ -172,14 +172,18 @@ class Prediction:
 
 def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | None = None,
                   allow_tf32_matmul: bool | None = None,
-                  allow_tf32_cudnn: bool | None = None) -> Prediction:
-    """Cost an existing trace on `gpu`. TF32 flags default to torch's current settings
-    (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)."""
+                  allow_tf32_cudnn: bool | None = None,
+                  cudnn_benchmark: bool | None = None) -> Prediction:
+    """Cost an existing trace on `gpu`. TF32 and cuDNN-benchmark flags default to torch's
+    current settings (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+    torch.backends.cudnn.benchmark)."""
     spec = get_gpu(gpu)
     if allow_tf32_matmul is None:
         allow_tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32)
     if allow_tf32_cudnn is None:
         allow_tf32_cudnn = bool(torch.backends.cudnn.allow_tf32)
+    if cudnn_benchmark is None:
+        cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     if expandable_segments is None:
         conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         expandable_segments = "expandable_segments:true" in conf.replace(" ", "").lower()
@@ -188,7 +192,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     if traced_for and traced_for != spec.name:
         notes.append(f"traced for {traced_for}; SDPA kernel choice is that GPU's")
     native = t.native()
-    cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn)
+    cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, cudnn_benchmark)
     workspace = cublas_workspace_bytes(spec)
     mem = native.memory(expandable_segments=expandable_segments, workspace_bytes=workspace)
 

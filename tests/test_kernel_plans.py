@@ -365,3 +365,23 @@ def test_transposed_and_3d_convolutions_are_planned():
         assert r["conv_algo"] == "implicit_gemm" and r["kernel_compute_s"] > 0
         assert r["roofline_time_s"] <= r["analytic_time_s"] < 50 * max(r["roofline_time_s"], 3e-6)
     assert any(r["transposed"] for r in convs)
+
+
+def test_cudnn_benchmark_flag_reaches_the_conv_choice():
+    # A 64-channel FP32 3x3 layer where Winograd is only a little faster than implicit GEMM:
+    # cudnn.benchmark measures and keeps it; the heuristic ranking (benchmark off) does not.
+    kw = {"gpu": "V100", "allow_tf32_cudnn": False}
+    off = conv(32, 64, 56, 56, 64, 3, cudnn_benchmark=False, **kw)
+    on = conv(32, 64, 56, 56, 64, 3, cudnn_benchmark=True, **kw)
+    assert (off["conv_algo"], on["conv_algo"]) == ("implicit_gemm", "winograd")
+    assert on["analytic_time_s"] < off["analytic_time_s"]
+    # a wide layer gets Winograd either way
+    assert conv(32, 256, 14, 14, 256, 3, cudnn_benchmark=False, **kw)["conv_algo"] == "winograd"
+    from blink.predict import predict_trace
+
+    with torch.device("meta"):
+        net = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1))
+    t = blink.trace_model(net, inputs=(torch.empty(32, 64, 56, 56, device="meta"),))
+    p_off = predict_trace(t, "V100", allow_tf32_cudnn=False, cudnn_benchmark=False)
+    p_on = predict_trace(t, "V100", allow_tf32_cudnn=False, cudnn_benchmark=True)
+    assert p_on.gpu_busy_ms < p_off.gpu_busy_ms

@@ -10,10 +10,11 @@
 //  - cuDNN otherwise (Cudnn / CudnnTranspose), whose engines are implicit GEMM (on tensor cores
 //    when the dtype and torch.backends.cudnn.allow_tf32 allow), Winograd for 3x3 stride-1
 //    filters on CUDA-core math, and grouped kernels for 1 < groups < C_in.
-// Among the cuDNN algorithms Blink keeps the fastest predicted one, as cudnn.benchmark measures
-// and the heuristics aim for; with benchmark off the heuristics are taken not to pick
-// Winograd for thin layers (C or K per group below kWinogradHeuristicMinChannels), whose
-// transforms the heuristics' cost tables weigh heavily.
+// With torch.backends.cudnn.benchmark on, PyTorch times cuDNN's algorithms (cudnnFind*, or the
+// v8 API's benchmarking of engine configs) and keeps the fastest: Blink keeps the fastest
+// predicted one. Off (the default), it takes the first of cuDNN's heuristic ranking, which is
+// conservative about Winograd's transform cost: Blink takes Winograd only where it is predicted
+// kWinogradHeuristicMargin times faster than implicit GEMM.
 //
 // convolution_backward runs a grad_input (dgrad) and a grad_weight (wgrad) kernel, each its own
 // implicit GEMM (dgrad: M = N*input spatial, N = C/g, K = K/g * filter; wgrad: M = K/g,
@@ -27,7 +28,7 @@
 namespace blink {
 namespace {
 
-constexpr double kWinogradHeuristicMinChannels = 32.0;
+constexpr double kWinogradHeuristicMargin = 1.3;
 
 bool tensor_core_mode(MathMode m) {
   return m == MathMode::kTf32 || m == MathMode::kBf16Tc || m == MathMode::kFp16Tc ||
@@ -197,10 +198,7 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
       plan = gemm_pass(s, pass, mode, f.dtype, flops_one, f, g);
       if (three_by_three && !tensor_core_mode(mode)) {
         min_flop_factor = 4.0;  // F(4x4, 3x3): the lower bound allows the fewest multiplies
-        const bool heuristic_ok = opts.cudnn_benchmark ||
-                                  (s.c >= kWinogradHeuristicMinChannels &&
-                                   s.k >= kWinogradHeuristicMinChannels);
-        if (heuristic_ok) {
+        {
           GemmProblem wp = implicit_gemm(s, pass, mode, f.dtype, flops_one / kWinogradFlopReduction,
                                          f);
           const GemmPlan wg = plan_gemm(wp, g);
@@ -209,7 +207,8 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
                                 (pass == kWgrad ? s.x_bytes() + s.y_bytes()
                                                 : s.x_bytes() + s.y_bytes());
           const double wtime = wg.compute_s + wbytes / bw;
-          if (wtime < plan.main_s + plan.aux_bytes / bw) {
+          const double margin = opts.cudnn_benchmark ? 1.0 : kWinogradHeuristicMargin;
+          if (wtime * margin < plan.main_s + plan.aux_bytes / bw) {
             plan.algo = ConvAlgo::kWinograd;
             plan.gemm = wg;
             plan.main_s = wg.compute_s;

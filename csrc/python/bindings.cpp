@@ -285,10 +285,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("to_python", &trace_to_python)
       .def(
           "cost",
-          [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn) {
+          [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
+             bool cudnn_benchmark) {
             FeatureOptions o;
             o.allow_tf32_matmul = allow_tf32_matmul;
             o.allow_tf32_cudnn = allow_tf32_cudnn;
+            o.cudnn_benchmark = cudnn_benchmark;
             TraceCost c;
             {
               py::gil_scoped_release release;
@@ -296,15 +298,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             }
             return cost_to_python(d, c);
           },
-          py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true)
+          py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
+          py::arg("cudnn_benchmark") = false)
       .def(
           "unit_features",
           // The feature rows of the units exactly as cost() costs them (trace-level features
           // such as L2 residency included): what training reads.
-          [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn) {
+          [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
+             bool cudnn_benchmark) {
             FeatureOptions o;
             o.allow_tf32_matmul = allow_tf32_matmul;
             o.allow_tf32_cudnn = allow_tf32_cudnn;
+            o.cudnn_benchmark = cudnn_benchmark;
             TraceCost c;
             {
               py::gil_scoped_release release;
@@ -323,7 +328,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             }
             return rows;
           },
-          py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true)
+          py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
+          py::arg("cudnn_benchmark") = false)
       .def(
           "memory",
           [](const TraceData& d, bool expandable_segments, int64_t capacity_bytes,
