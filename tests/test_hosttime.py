@@ -91,7 +91,7 @@ def test_a_sleep_counts_on_the_wall_clock_only():
     t = blink.trace_model(SleepBetween(), input_shape=(8, 16))
     relu, tanh = _top(t, "aten::relu"), _top(t, "aten::tanh")
     assert tanh.t_start_ns - relu.t_end_ns >= 2_000_000
-    wall = predict_trace(t, "H100-SXM", host_time="stopwatch")
+    wall = predict_trace(t, "H100-SXM", host_time="wall")
     cpu = predict_trace(t, "H100-SXM", host_time="measured")
     assert next(e for e in wall.timeline if e["op"] == "aten::tanh")["caller_s"] >= 2e-3
     # a sleeping thread uses no CPU: the default (CPU time) does not count the sleep
