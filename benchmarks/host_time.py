@@ -92,7 +92,8 @@ def part2() -> None:
         boost = predict_trace(t, at_boost, host_time="table")
         print(f"{name:<24} {b:>5} {img:>4} {meas:>8.2f} | {m.time_ms:>8.2f} "
               f"({m.time_ms / meas:.2f}) {m.host_ms:>8.2f} | {tab.time_ms:>8.2f} "
-              f"({tab.time_ms / meas:.2f}) {tab.host_ms:>8.2f} | {boost.time_ms:>8.2f} ({boost.time_ms / meas:.2f})")
+              f"({tab.time_ms / meas:.2f}) {tab.host_ms:>8.2f} | {boost.time_ms:>8.2f} "
+              f"({boost.time_ms / meas:.2f})")
 
 
 def main(argv: list[str] | None = None) -> int:
