@@ -21,7 +21,12 @@ Two things Blink itself adds to those gaps are measured here once per process an
   from a loop of module calls with and without the hooks (a timestamp-only trace around the
   hooked loop, so this also holds that observer's cost, divided over the two hooks).
 
-Both depend on this CPU and its load; the workload is fixed and small (~0.3 s).
+- autocast_overhead_s(dtype), for amp-* traces only: what blink.autocast's TorchFunctionMode
+  (Python, run before every torch call of the forward pass; CUDA autocast is a C++ dispatch
+  key and costs a GPU run well under 1 us) adds per forward op: the total forward gap time of
+  the same MLP with and without it (timestamp-only traces), over the ops issued with it.
+
+All depend on this CPU and its load; the workloads are fixed and small (~0.3 s each).
 
 The dry run should be warm, as eager timings are taken after warm-up: a model's first call
 pays one-off Python costs (imports, first-call caches) that can triple its gaps. blink.predict
@@ -36,7 +41,7 @@ from functools import lru_cache
 
 import torch
 
-__all__ = ["HOST_TIME_MODES", "TracerOverhead", "tracer_overhead"]
+__all__ = ["HOST_TIME_MODES", "TracerOverhead", "autocast_overhead_s", "tracer_overhead"]
 
 # measured: the caller's CPU time between ops (robust to a loaded machine: a preempted or
 # sleeping thread uses none); wall: the steady clock (also counts sleeps, I/O waits and
@@ -119,3 +124,35 @@ def tracer_overhead() -> TracerOverhead:
         hooked = min(loop() for _ in range(_RUNS))
     per_hook = max(0.0, (hooked - plain) / (2 * _HOOK_CALLS))
     return TracerOverhead(max(0.0, full_gap - timing_gap), per_hook, full_gap, timing_gap)
+
+
+def _forward_gaps(net: torch.nn.Module, x: torch.Tensor,
+                  amp: torch.dtype | None) -> tuple[float, int]:
+    """(total gap time, issued ops) of one forward pass, the median over _RUNS runs."""
+    from contextlib import nullcontext
+
+    from .autocast import meta_autocast
+    from .trace import trace
+
+    totals, counts = [], []
+    for _ in range(_RUNS + 1):
+        with trace(net, timing_only=True) as t:
+            with meta_autocast(amp) if amp is not None else nullcontext():
+                net(x)
+        gaps = _issue_gaps(t)
+        totals.append(sum(gaps))
+        counts.append(len(gaps) + 1)
+    return statistics.median(totals[1:]), counts[-1]
+
+
+@lru_cache(maxsize=4)
+def autocast_overhead_s(dtype: str) -> float:
+    """Per forward issue, what blink.autocast's function mode adds for an amp-* dtype
+    ("amp-bf16", "amp-fp16"): the forward's total gap time with the mode minus without it,
+    over the issued ops with it (its casts included); cached per process."""
+    amp = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}[dtype]
+    net, x = _workload()
+    with torch.no_grad():
+        with_mode, issues = _forward_gaps(net, x, amp)
+        without, _ = _forward_gaps(net, x, None)
+    return max(0.0, (with_mode - without) / max(1, issues))

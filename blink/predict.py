@@ -19,7 +19,7 @@ from .cost import core_gpu_spec
 from .dryrun import trace_model
 from .errors import ConfigError
 from .hardware import GPUSpec, get_gpu
-from .hosttime import HOST_TIME_MODES, tracer_overhead
+from .hosttime import HOST_TIME_MODES, autocast_overhead_s, tracer_overhead
 from .trace import PHASES, Trace, _fmt_bytes
 
 FORMAT_VERSION = 1
@@ -210,12 +210,16 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         notes.append("the trace has no timestamps (format 2): host time from the table")
     if used != "table":
         cal = tracer_overhead()
+        dtype = str(t.meta.get("dtype", ""))
+        amp_s = autocast_overhead_s(dtype) if dtype in ("amp-bf16", "amp-fp16") else 0.0
         cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, used,
-                           cal.tracer_gap_overhead_s, cal.module_hook_s)
+                           cal.tracer_gap_overhead_s, cal.module_hook_s, amp_s)
         clock = "CPU time" if used == "measured" else "wall clock"
         notes.append(f"host time measured on this CPU during the dry run ({clock}; less "
-                     f"{cal.tracer_gap_overhead_s * 1e6:.1f} us tracer overhead per op and "
-                     f"{cal.module_hook_s * 1e6:.1f} us per module hook)")
+                     f"{cal.tracer_gap_overhead_s * 1e6:.1f} us tracer overhead per op, "
+                     f"{cal.module_hook_s * 1e6:.1f} us per module hook"
+                     + (f", {amp_s * 1e6:.1f} us per forward op for blink.autocast's Python "
+                        "mode)" if amp_s else ")"))
     else:
         cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, "table")
     workspace = cublas_workspace_bytes(spec)

@@ -176,3 +176,16 @@ def test_calibrated_tracer_overhead_is_small_and_non_negative():
 def test_bad_host_time_is_rejected():
     with pytest.raises(ConfigError, match="host_time"):
         blink.predict(mlp(1), input_shape=(2, 32), host_time="stopwatch")
+
+
+def test_blink_autocast_python_mode_is_not_charged_as_host_time():
+    from blink.hosttime import autocast_overhead_s
+
+    assert autocast_overhead_s("amp-bf16") > 0  # the emulation's Python is measurable ...
+    fp32 = blink.predict(mlp(16), input_shape=(4, 32))
+    amp = blink.predict(mlp(16), input_shape=(4, 32), dtype="amp-bf16")
+    assert len(amp.timeline) > len(fp32.timeline)  # the casts are ops of their own
+    # ... and taken out: per op, an amp step costs the host about what an fp32 one does
+    per_op = [p.host_ms / len(p.timeline) for p in (fp32, amp)]
+    assert per_op[1] < 1.5 * per_op[0]
+    assert any("blink.autocast" in n for n in amp.notes)

@@ -171,7 +171,8 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& spe
         if (it != thread_end.end()) {
           const double gap_s = static_cast<double>(start_of(op) - it->second) * 1e-9;
           const double ours =
-              host_opts.tracer_gap_overhead_s + host_opts.module_hook_s * (entered + left);
+              host_opts.tracer_gap_overhead_s + host_opts.module_hook_s * (entered + left) +
+              (op.phase == Phase::kForward ? host_opts.forward_mode_overhead_s : 0.0);
           issue.caller_s = std::max(0.0, gap_s - ours);
         }
         int64_t& end = thread_end[op.thread];

@@ -285,7 +285,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(
           "cost",
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
-             const std::string& host_time, double tracer_gap_overhead_s, double module_hook_s) {
+             const std::string& host_time, double tracer_gap_overhead_s, double module_hook_s,
+             double forward_mode_overhead_s) {
             FeatureOptions o;
             o.allow_tf32_matmul = allow_tf32_matmul;
             o.allow_tf32_cudnn = allow_tf32_cudnn;
@@ -294,12 +295,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                         "host_time must be 'table', 'measured' or 'wall', not '" + host_time +
                             "'");
             BLINK_CHECK(tracer_gap_overhead_s >= 0.0 && tracer_gap_overhead_s < 1e-3 &&
-                            module_hook_s >= 0.0 && module_hook_s < 1e-3,
+                            module_hook_s >= 0.0 && module_hook_s < 1e-3 &&
+                            forward_mode_overhead_s >= 0.0 && forward_mode_overhead_s < 1e-3,
                         "tracer overheads must be in [0, 1 ms)");
             h.mode = host_time == "table" ? HostTimeMode::kTable : HostTimeMode::kMeasured;
             h.wall_clock = host_time == "wall";
             h.tracer_gap_overhead_s = tracer_gap_overhead_s;
             h.module_hook_s = module_hook_s;
+            h.forward_mode_overhead_s = forward_mode_overhead_s;
             TraceCost c;
             {
               py::gil_scoped_release release;
@@ -309,7 +312,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
           py::arg("host_time") = "table", py::arg("tracer_gap_overhead_s") = 0.0,
-          py::arg("module_hook_s") = 0.0)
+          py::arg("module_hook_s") = 0.0, py::arg("forward_mode_overhead_s") = 0.0)
       .def(
           "memory",
           [](const TraceData& d, bool expandable_segments, int64_t capacity_bytes,

@@ -72,6 +72,9 @@ struct HostOptions {
   // costs. Subtracted from each measured gap (never below 0).
   double tracer_gap_overhead_s = 0.0;
   double module_hook_s = 0.0;
+  // A Python dispatch mode the dry run runs in the forward pass that a GPU run does not
+  // (blink.autocast's TorchFunctionMode for amp-* dtypes): its cost per forward gap.
+  double forward_mode_overhead_s = 0.0;
 };
 
 TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu,
