@@ -703,3 +703,15 @@ def test_sustained_override_in_a_user_file(tmp_path):
     e["base_clock_mhz"] = 5000
     with pytest.raises(ConfigError, match="base_clock_mhz"):
         hardware.register_gpu_file(write_json(tmp_path / "c.json", e))
+
+
+def test_cli_gpus_lists_power_and_sustained_ratio(capsys):
+    from blink.cli import main
+
+    assert main(["gpus"]) == 0
+    out = capsys.readouterr().out
+    assert "sustained" in out.splitlines()[0] and " W " in out.splitlines()[0]
+    line = next(x for x in out.splitlines() if x.startswith("RTX-PRO-6000-Max-Q"))
+    assert " 300 " in line
+    assert float(line.split()[-1]) == pytest.approx(
+        hardware.get_gpu("RTX-PRO-6000-Max-Q").sustained_fp32_ratio, abs=0.006)

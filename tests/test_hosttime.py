@@ -189,3 +189,14 @@ def test_blink_autocast_python_mode_is_not_charged_as_host_time():
     per_op = [p.host_ms / len(p.timeline) for p in (fp32, amp)]
     assert per_op[1] < 1.5 * per_op[0]
     assert any("blink.autocast" in n for n in amp.notes)
+
+
+def test_cli_host_time_flag(tmp_path):
+    from blink.cli import main
+
+    out = tmp_path / "p.json"
+    assert main(["predict", "torchvision:resnet18", "-b", "1", "--gpu", "T4", "--host-time",
+                 "table", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["host_time"] == "table"
+    assert all("caller_s" in e and "dispatch_s" in e for e in doc["timeline"])
