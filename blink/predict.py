@@ -188,7 +188,9 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     this CPU. host_time="wall": the same on the steady clock (sleeps and waits in the model
     count, and so does preemption). host_time="table": fixed constants per op and module
     call, deterministic and CPU-independent. A trace without timestamps (format 2) always
-    uses the table."""
+    uses the table. A trace recorded cold (a model's first call in the process) carries
+    one-off Python costs in its gaps; trace_model(warmup=True), as blink.predict does,
+    records a warm one."""
     if host_time not in HOST_TIME_MODES:
         raise ConfigError(f"host_time must be one of {', '.join(HOST_TIME_MODES)}, "
                           f"not {host_time!r}")
