@@ -715,3 +715,17 @@ def test_cli_gpus_lists_power_and_sustained_ratio(capsys):
     assert " 300 " in line
     assert float(line.split()[-1]) == pytest.approx(
         hardware.get_gpu("RTX-PRO-6000-Max-Q").sustained_fp32_ratio, abs=0.006)
+
+
+def test_core_spec_carries_the_sustained_ratios_and_checks_them():
+    from blink.cost import _C, core_gpu_spec
+
+    for name in ("T4", "H100-SXM", "RTX-PRO-6000-Max-Q"):
+        g, core = hardware.get_gpu(name), core_gpu_spec(name)
+        assert core.sustained_fp32_ratio == pytest.approx(g.sustained_fp32_ratio)
+        assert core.sustained_tc_ratio == pytest.approx(g.sustained_tc_ratio)
+        assert core.boost_window_s == hardware.BOOST_WINDOW_S
+    with pytest.raises(Exception, match="sustained ratios"):
+        _C.GpuSpec(name="x", sm_count=1, clock_hz=1e9, mem_bw=1e11, l2_bytes=1e6,
+                   peak_fp32=1e12, peak_tf32=0, peak_bf16=0, peak_fp16=1e12, peak_fp8=0,
+                   cc_major=8, cc_minor=0, sustained_fp32_ratio=1.5)

@@ -200,3 +200,19 @@ def test_cli_host_time_flag(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["host_time"] == "table"
     assert all("caller_s" in e and "dispatch_s" in e for e in doc["timeline"])
+
+
+def test_cost_engine_checks_its_host_options():
+    t = blink.trace_model(mlp(1), input_shape=(2, 32))
+    native = t.native()
+    from blink.cost import core_gpu_spec
+
+    spec = core_gpu_spec("T4")
+    with pytest.raises(blink.BlinkError, match="host_time"):
+        native.cost(spec, False, True, "bogus")
+    with pytest.raises(blink.BlinkError, match="overheads"):
+        native.cost(spec, False, True, "measured", -1e-6, 0.0, 0.0)
+    # more overhead subtracted, never more host time
+    a = native.cost(spec, False, True, "measured", 0.0, 0.0, 0.0)["host_s"]
+    b = native.cost(spec, False, True, "measured", 5e-6, 0.0, 0.0)["host_s"]
+    assert b <= a
