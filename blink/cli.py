@@ -46,7 +46,8 @@ def _cmd_predict(a: argparse.Namespace) -> int:
 
     p = predict(a.model, batch_size=a.batch_size, seq_len=a.seq_len, dtype=a.dtype, mode=a.mode,
                 optimizer=a.optimizer, gpu=a.gpu,
-                expandable_segments=True if a.expandable_segments else None)
+                expandable_segments=True if a.expandable_segments else None,
+                host_time=a.host_time)
     if a.chrome_trace:
         p.to_chrome_trace(a.chrome_trace)
         print(f"timeline written to {a.chrome_trace} (open in ui.perfetto.dev)", file=sys.stderr)
@@ -65,12 +66,15 @@ def _cmd_models(a: argparse.Namespace) -> int:
 def _cmd_gpus(a: argparse.Namespace) -> int:
     from .hardware import get_gpu, list_gpus
 
-    print(f"{'gpu':<14} {'arch':<7} {'SMs':>4} {'mem GiB':>8} {'TB/s':>6} {'bf16 TFLOP/s':>13}")
+    print(f"{'gpu':<20} {'arch':<7} {'SMs':>4} {'mem GiB':>8} {'TB/s':>6} {'bf16 TFLOP/s':>13}"
+          f" {'W':>5} {'sustained':>9}")
     for name in list_gpus():
         g = get_gpu(name)
         bf16 = g.peak_flops.get("bf16") or g.peak_flops.get("fp16") or 0.0
-        print(f"{g.name:<14} {g.arch:<7} {g.sm_count:>4} {g.memory_bytes / 2**30:>8.0f} "
-              f"{g.memory_bandwidth_bytes_per_s / 1e12:>6.2f} {bf16 / 1e12:>13.1f}")
+        print(f"{g.name:<20} {g.arch:<7} {g.sm_count:>4} {g.memory_bytes / 2**30:>8.0f} "
+              f"{g.memory_bandwidth_bytes_per_s / 1e12:>6.2f} {bf16 / 1e12:>13.1f} "
+              f"{g.tdp_w:>5.0f} {g.sustained_fp32_ratio:>9.2f}")
+    print("sustained = fraction of boost held under dense math (blink/hardware.py power rule)")
     return 0
 
 
@@ -87,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chrome-trace", metavar="PATH", default=None,
                    help="also write the predicted timeline as a Chrome/Perfetto trace")
     p.add_argument("--top", type=int, default=15, help="op rows in the table (default 15)")
+    p.add_argument("--host-time", choices=("measured", "wall", "table"), default="measured",
+                   help="host time per op: measured on this CPU during the dry run (CPU time, "
+                        "default), the same on the wall clock, or the deterministic table")
     p.set_defaults(func=_cmd_predict)
     from .collect.cli import add_collect_parser
 

@@ -5,7 +5,7 @@ from functools import lru_cache
 from typing import Any
 
 from ._ext import load
-from .hardware import GPUSpec, get_gpu
+from .hardware import BOOST_WINDOW_S, GPUSpec, get_gpu
 
 _C = load()
 
@@ -15,10 +15,12 @@ def _core_spec_cached(name: str) -> Any:
     return core_gpu_spec(get_gpu(name))
 
 
-def core_gpu_spec(gpu: GPUSpec | str) -> Any:
-    """The blink._C.GpuSpec for a hardware-table entry (or its name)."""
-    if isinstance(gpu, str):
+def core_gpu_spec(gpu: GPUSpec | str, boost_window_s: float = BOOST_WINDOW_S) -> Any:
+    """The blink._C.GpuSpec for a hardware-table entry (or its name). boost_window_s: how long
+    an isolated burst of dense math holds boost on a power-capped board (blink.hardware)."""
+    if isinstance(gpu, str) and boost_window_s == BOOST_WINDOW_S:
         return _core_spec_cached(gpu)
+    gpu = get_gpu(gpu)
     pf = gpu.peak_flops
     return _C.GpuSpec(
         name=gpu.name, sm_count=gpu.sm_count, clock_hz=gpu.boost_clock_mhz * 1e6,
@@ -26,7 +28,9 @@ def core_gpu_spec(gpu: GPUSpec | str) -> Any:
         peak_fp32=pf["fp32"], peak_tf32=pf.get("tf32") or 0.0,
         peak_bf16=pf.get("bf16") or 0.0, peak_fp16=pf.get("fp16") or 0.0,
         peak_fp8=pf.get("fp8") or 0.0, cc_major=gpu.compute_capability[0],
-        cc_minor=gpu.compute_capability[1],
+        cc_minor=gpu.compute_capability[1], peak_fp64=pf.get("fp64") or 0.0,
+        sustained_fp32_ratio=gpu.sustained_fp32_ratio,
+        sustained_tc_ratio=gpu.sustained_tc_ratio, boost_window_s=boost_window_s,
     )
 
 

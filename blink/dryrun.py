@@ -246,6 +246,7 @@ def trace_model(
     loss_fn: Callable[[object], torch.Tensor] | None = None,
     nonzero: str = "error",
     first_step: bool = False,
+    warmup: bool = False,
 ) -> Trace:
     """Dry-run an inference forward or one whole training step and return its Trace.
 
@@ -258,6 +259,10 @@ def trace_model(
     optimizer's state (AdamW moments, momentum) exists before the step, so it counts as resident
     memory and the step does not include creating it. first_step=True traces the very first step
     instead (state created inside it).
+
+    warmup=True traces the same step once first and discards it, so that the kept trace's
+    timestamps are those of warm code (a model's first call pays one-off Python costs such as
+    imports and first-call caches; eager timings are taken after warm-up).
     """
     p = prepare(model, inputs, input_shape=input_shape, batch_size=batch_size, seq_len=seq_len,
                 dtype=dtype, mode=mode, optimizer=optimizer)
@@ -267,6 +272,9 @@ def trace_model(
         if opt is not None:
             _prime_optimizer_state(opt)
     p.meta["first_step"] = bool(first_step) if mode == "train" else None
+    if warmup:
+        with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta):
+            execute(p, loss_fn=loss_fn, optimizer=opt)
     with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta) as result:
         execute(p, loss_fn=loss_fn, optimizer=opt)
     return result

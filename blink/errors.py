@@ -17,6 +17,11 @@ class UnknownGPUError(ConfigError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class AmbiguousGPUError(UnknownGPUError):
+    """A GPU name that fits several entries of the hardware table ("A100", "RTX PRO 6000");
+    the message lists them, best first."""
+
+
 class UnknownModelError(ConfigError, KeyError):
     """A zoo name that Blink does not know."""
 

@@ -17,7 +17,9 @@ import torch
 
 from .cost import core_gpu_spec
 from .dryrun import trace_model
+from .errors import ConfigError
 from .hardware import GPUSpec, get_gpu
+from .hosttime import HOST_TIME_MODES, autocast_overhead_s, tracer_overhead
 from .trace import PHASES, Trace, _fmt_bytes
 
 FORMAT_VERSION = 1
@@ -83,6 +85,7 @@ class Prediction:
     timeline: list[dict[str, Any]] = field(repr=False)
     interval_method: str = INTERVAL_METHOD
     expandable_segments: bool = False
+    host_time: str = "table"  # where host time came from: "measured" / "wall" (this CPU), "table"
     gpu_memory_bytes: int = 0
     fits: bool = True
     notes: list[str] = field(default_factory=list)
@@ -173,10 +176,26 @@ class Prediction:
 def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | None = None,
                   allow_tf32_matmul: bool | None = None,
                   allow_tf32_cudnn: bool | None = None,
-                  cudnn_benchmark: bool | None = None) -> Prediction:
+                  cudnn_benchmark: bool | None = None,
+                  host_time: str = "measured") -> Prediction:
     """Cost an existing trace on `gpu`. TF32 and cuDNN-benchmark flags default to torch's
     current settings (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-    torch.backends.cudnn.benchmark)."""
+    torch.backends.cudnn.benchmark).
+
+    host_time="measured" (default): each op's host time is the caller's work the dry run
+    measured on this CPU before it (Python, module calls, autograd engine, optimizer loop; less
+    the tracer's own calibrated overhead, blink.hosttime) plus the op's CUDA-side dispatch,
+    on the thread's CPU-time clock so that a loaded machine's preemptions do not count.
+    It follows the user's real Python, but varies a little from trace to trace and describes
+    this CPU. host_time="wall": the same on the steady clock (sleeps and waits in the model
+    count, and so does preemption). host_time="table": fixed constants per op and module
+    call, deterministic and CPU-independent. A trace without timestamps (format 2) always
+    uses the table. A trace recorded cold (a model's first call in the process) carries
+    one-off Python costs in its gaps; trace_model(warmup=True), as blink.predict does,
+    records a warm one."""
+    if host_time not in HOST_TIME_MODES:
+        raise ConfigError(f"host_time must be one of {', '.join(HOST_TIME_MODES)}, "
+                          f"not {host_time!r}")
     spec = get_gpu(gpu)
     if allow_tf32_matmul is None:
         allow_tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -192,7 +211,25 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     if traced_for and traced_for != spec.name:
         notes.append(f"traced for {traced_for}; SDPA kernel choice is that GPU's")
     native = t.native()
-    cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, cudnn_benchmark)
+    used = host_time if t.has_timestamps else "table"
+    if used != host_time:
+        notes.append("the trace has no timestamps (format 2): host time from the table")
+    if used != "table":
+        cal = tracer_overhead()
+        dtype = str(t.meta.get("dtype", ""))
+        amp_s = autocast_overhead_s(dtype) if dtype in ("amp-bf16", "amp-fp16") else 0.0
+        cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, used,
+                           cal.tracer_gap_overhead_s, cal.module_hook_s, amp_s,
+                           cudnn_benchmark=cudnn_benchmark)
+        clock = "CPU time" if used == "measured" else "wall clock"
+        notes.append(f"host time measured on this CPU during the dry run ({clock}; less "
+                     f"{cal.tracer_gap_overhead_s * 1e6:.1f} us tracer overhead per op, "
+                     f"{cal.module_hook_s * 1e6:.1f} us per module hook"
+                     + (f", {amp_s * 1e6:.1f} us per forward op for blink.autocast's Python "
+                        "mode)" if amp_s else ")"))
+    else:
+        cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, "table",
+                           cudnn_benchmark=cudnn_benchmark)
     workspace = cublas_workspace_bytes(spec)
     mem = native.memory(expandable_segments=expandable_segments, workspace_bytes=workspace)
 
@@ -208,10 +245,12 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     if failed:
         notes.append(f"{failed} units could not be costed (see units[].error); counted as 0")
     timeline = []
-    for (op_id, _h, _g, hs, he, gs, ge, (name, module, phase)) in cost["issues"]:
+    for (op_id, _h, _g, hs, he, gs, ge, (name, module, phase), caller_s,
+         dispatch_s) in cost["issues"]:
         timeline.append({"op": name, "op_id": op_id, "module": module,
                          "phase": PHASES[phase], "host_start_s": hs, "host_end_s": he,
-                         "gpu_start_s": gs, "gpu_end_s": ge})
+                         "gpu_start_s": gs, "gpu_end_s": ge, "caller_s": caller_s,
+                         "dispatch_s": dispatch_s})
     time_ms = cost["end_to_end_s"] * 1e3
     smi = mem["peak_reserved_bytes"] + CUDA_CONTEXT_BYTES
     return Prediction(
@@ -224,7 +263,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         peak_reserved_bytes=int(mem["peak_reserved_bytes"]), nvidia_smi_bytes=int(smi),
         context_bytes=CUDA_CONTEXT_BYTES, resident_bytes=int(mem["resident_bytes"]),
         workspace_bytes=workspace, units=units, timeline=timeline,
-        expandable_segments=bool(expandable_segments), gpu_memory_bytes=spec.memory_bytes,
+        expandable_segments=bool(expandable_segments), host_time=used,
+        gpu_memory_bytes=spec.memory_bytes,
         fits=smi <= spec.memory_bytes, notes=notes,
     )
 
@@ -244,15 +284,23 @@ def predict(
     nonzero: str = "error",
     expandable_segments: bool | None = None,
     first_step: bool = False,
+    host_time: str = "measured",
 ) -> Prediction:
     """Predict time and memory of `model` on `gpu` without running it there.
 
     Same inputs as blink.trace_model (a module or zoo name; `inputs`, `input_shape` or, for zoo
     models, `batch_size` / `seq_len`); mode="train" is forward, loss, backward and
     `optimizer.step()`, in steady state (optimizer state already resident) unless first_step.
+    host_time: "measured" (this CPU's Python, as the dry run ran it), "wall" or "table"
+    (deterministic); see predict_trace.
     """
+    if host_time not in HOST_TIME_MODES:
+        raise ConfigError(f"host_time must be one of {', '.join(HOST_TIME_MODES)}, "
+                          f"not {host_time!r}")
     spec = get_gpu(gpu)  # fail on an unknown GPU before tracing
     t = trace_model(model, inputs, input_shape=input_shape, batch_size=batch_size,
                     seq_len=seq_len, dtype=dtype, mode=mode, optimizer=optimizer,
-                    gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step)
-    return predict_trace(t, spec.name, expandable_segments=expandable_segments)
+                    gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step,
+                    warmup=host_time != "table")
+    return predict_trace(t, spec.name, expandable_segments=expandable_segments,
+                         host_time=host_time)

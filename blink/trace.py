@@ -26,7 +26,11 @@ import torch
 from . import _ext
 from .errors import BlinkError, DataDependentError, MissingMetaKernelError, TraceError
 
-FORMAT_VERSION = 2  # 2: op rows carry the has-a-CUDA-kernel flag
+# 2: op rows carry the has-a-CUDA-kernel flag; 3: and the observer's entry / exit timestamps
+# (steady-clock ns since the trace started, then the thread's CPU-time clock). Version 2 files
+# still load (no timestamps: host time then comes from the table).
+FORMAT_VERSION = 3
+_READABLE_VERSIONS = (2, 3)
 PHASES = ("forward", "backward", "optimizer")
 _PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
 
@@ -125,6 +129,13 @@ class Op:
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
     kernel: bool = False  # the op has its own CUDA kernel
+    # Steady-clock ns since the trace started when the observer saw the op begin / end; -1 when
+    # not recorded (format 2 traces). End of one op to start of the next = the caller's work.
+    t_start_ns: int = -1
+    t_end_ns: int = -1
+    # The same moments on the thread's CPU-time clock (ns): without sleeps and preemption.
+    cpu_start_ns: int = -1
+    cpu_end_ns: int = -1
     children: list[int] = field(default_factory=list)
 
     @property
@@ -180,10 +191,13 @@ class Trace:
         self._native: Any = None  # blink._C.RawTrace until first read
         self._ops: list[Op] | None = None
         self._allocs: list[StorageEvent] | None = None
+        self.has_timestamps = bool(self._raw_dict["ops"]) and all(
+            len(r) >= 17 and r[13] >= 0 and r[15] >= 0 for r in self._raw_dict["ops"])
 
     # -- building ------------------------------------------------------------------------
     def _set_native(self, native: Any) -> None:
         self._native = native
+        self.has_timestamps = True  # every op of a fresh trace is stamped
         self._raw_dict = None
         self._ops = None
         self._allocs = None
@@ -211,12 +225,13 @@ class Trace:
             ops: list[Op] = []
             for r in self._raw["ops"]:
                 (oid, parent, name, overload, module, seq, phase, _scope, thread, depth,
-                 inputs, outputs, kernel) = r
+                 inputs, outputs, kernel) = r[:13]
+                t0, t1, c0, c1 = r[13:17] if len(r) >= 17 else (-1, -1, -1, -1)
                 ops.append(Op(
                     oid, names[name], names[overload], parent,
                     modules[module] if module >= 0 else None, PHASES[phase], seq, thread, depth,
                     tuple(_value(a) for a in inputs), tuple(_value(a) for a in outputs),
-                    bool(kernel),
+                    bool(kernel), int(t0), int(t1), int(c0), int(c1),
                 ))
             for op in ops:
                 if op.parent >= 0:
@@ -344,7 +359,9 @@ class Trace:
             "format_version": FORMAT_VERSION,
             "meta": self.meta,
             "dtypes": {str(k): v for k, v in _dtype_table().items()},
-            **{k: self._raw[k] for k in ("names", "modules", "ops", "allocs", "externals")},
+            **{k: self._raw[k] for k in ("names", "modules", "allocs", "externals")},
+            # Rows read from a format-2 file get "not recorded" timestamps.
+            "ops": [list(r) + [-1] * 4 if len(r) == 13 else r for r in self._raw["ops"]],
         }
 
     def to_json(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -373,10 +390,11 @@ class Trace:
         if not isinstance(doc, dict) or doc.get("format") != "blink.trace":
             raise BlinkError(f"{where} is not a blink trace (no \"format\": \"blink.trace\")")
         version = doc.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in _READABLE_VERSIONS:
             raise BlinkError(
-                f"{where} has trace format_version {version!r}; this blink reads version "
-                f"{FORMAT_VERSION}. Re-create the trace with this blink version."
+                f"{where} has trace format_version {version!r}; this blink reads versions "
+                f"{', '.join(map(str, _READABLE_VERSIONS))}. Re-create the trace with this "
+                "blink version."
             )
         missing = [k for k in ("names", "modules", "ops", "allocs", "externals") if k not in doc]
         if missing:
@@ -387,8 +405,14 @@ class Trace:
                 f"{where} was written by a torch whose dtype codes differ from this one's; "
                 "re-create the trace here"
             )
-        return cls({k: doc[k] for k in ("names", "modules", "ops", "allocs", "externals")},
-                   doc.get("meta", {}))
+        raw = {k: doc[k] for k in ("names", "modules", "ops", "allocs", "externals")}
+        width = 13 if version == 2 else 17
+        bad = next((i for i, r in enumerate(raw["ops"])
+                    if not isinstance(r, list) or len(r) != width), None)
+        if bad is not None:
+            raise BlinkError(f"{where}: op record {bad} is not a list of {width} fields, as "
+                             f"trace format_version {version} has")
+        return cls(raw, doc.get("meta", {}))
 
 
 _SUMMARY_META = ("model", "mode", "dtype", "batch_size", "seq_len", "gpu", "sdpa")
@@ -421,11 +445,18 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
     Ops below an op that has its own CUDA kernel (e.g. the mm/mul/add that meta's addmm runs in
     Python) are meta-only decompositions and are not recorded unless ``record_all=True``; the
     storage events inside them are recorded and attributed to the kernel op.
+
+    Every op carries the steady-clock time the observer saw it begin and end (Op.t_start_ns,
+    Op.t_end_ns) and the same on the thread's CPU-time clock (Op.cpu_start_ns, cpu_end_ns):
+    the time between ops is the caller's own work on this CPU, which blink.predict uses as host
+    time (host_time="measured": CPU time; "wall": steady clock). ``timing_only=True`` records
+    the call tree and the times but no arguments (for calibrating the tracer's overhead; it
+    cannot be costed).
     """
 
     def __init__(self, model: torch.nn.Module | None = None, *, gpu: str = "H200",
                  sdpa: str = "auto", nonzero: str = "error", record_all: bool = False,
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, timing_only: bool = False) -> None:
         from . import sdpa as _sdpa
         from .hardware import get_gpu
 
@@ -440,6 +471,7 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
         self._sdpa = sdpa
         self._nonzero = nonzero
         self._record_all = record_all
+        self._timing_only = bool(timing_only)
         self.result = Trace(meta={"gpu": self._gpu.name, "sdpa": sdpa, **(meta or {})})
         self._undo: list[Any] = []
         self._stack: list[str] = []
@@ -449,7 +481,7 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
             raise BlinkError("a blink trace is already running; traces cannot be nested")
         try:
             self._install()
-            _C.tracer_start(record_all=self._record_all)
+            _C.tracer_start(record_all=self._record_all, timing_only=self._timing_only)
         except BaseException:
             self._uninstall()
             raise

@@ -31,7 +31,10 @@ REQUIRED_GPUS = [
     "RTX3090",
     "RTX4090",
     "RTX5090",
-    "RTX-PRO-6000",
+    "RTX-PRO-6000-WS",
+    "RTX-PRO-6000-Max-Q",
+    "A100-PCIe-80GB",
+    "A2",
     "B200",
 ]
 
@@ -54,7 +57,10 @@ DEVICE_NAMES = {
     "NVIDIA GeForce RTX 3090": "RTX3090",
     "NVIDIA GeForce RTX 4090": "RTX4090",
     "NVIDIA GeForce RTX 5090": "RTX5090",
-    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": "RTX-PRO-6000",
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": "RTX-PRO-6000-WS",
+    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition": "RTX-PRO-6000-Max-Q",
+    "NVIDIA A100 80GB PCIe": "A100-PCIe-80GB",
+    "NVIDIA A2": "A2",
     "NVIDIA B200": "B200",
 }
 
@@ -272,7 +278,8 @@ def test_torch_device_names_are_aliases(device_name):
         ("H100_SXM", "H100-SXM"),
         ("h100-sxm", "H100-SXM"),
         ("  H100 SXM  ", "H100-SXM"),
-        ("rtx pro 6000", "RTX-PRO-6000"),
+        ("rtx pro 6000 max-q", "RTX-PRO-6000-Max-Q"),
+        ("rtx pro 6000 workstation edition", "RTX-PRO-6000-WS"),
         ("NVIDIA RTX 4090", "RTX4090"),  # vendor word dropped as a second chance
         ("a100-pcie-40gb", "A100-PCIe-40GB"),
         ("v100", "V100"),
@@ -547,3 +554,178 @@ def test_reset_forgets_registered_files(tmp_path):
     assert "Temp" in hardware.list_gpus()
     hardware._reset_for_tests()
     assert "Temp" not in hardware.list_gpus()
+
+
+# ------------------------------------------------------------ issue 9: new GPUs, ambiguity
+
+
+def test_gpus_users_ask_for_are_present_with_sources():
+    pcie80 = hardware.get_gpu("A100-PCIe-80GB")
+    assert pcie80.form_factor == "PCIe" and pcie80.memory_bytes == 80 * 2**30
+    assert pcie80.tdp_w == 300 and pcie80.memory_bandwidth_bytes_per_s == 1935e9
+    maxq, ws = hardware.get_gpu("RTX-PRO-6000-Max-Q"), hardware.get_gpu("RTX-PRO-6000-WS")
+    assert (maxq.tdp_w, ws.tdp_w) == (300, 600)
+    # Same GB202 configuration, lower clock: fewer FLOP/s at the same SMs and memory.
+    assert maxq.sm_count == ws.sm_count and maxq.memory_bytes == ws.memory_bytes
+    assert maxq.boost_clock_mhz < ws.boost_clock_mhz
+    assert maxq.peak_flops["fp32"] < ws.peak_flops["fp32"]
+    for g in (pcie80, maxq, hardware.get_gpu("A2")):
+        assert any(s.startswith("https://") for s in g.source), g.name
+        assert g.notes.strip()
+
+
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_every_entry_has_power_clocks_and_a_sustained_figure(name):
+    g = hardware.get_gpu(name)
+    assert g.tdp_w > 0
+    assert g.base_clock_mhz is None or 100 <= g.base_clock_mhz <= g.boost_clock_mhz
+    assert g.process in hardware.PROCESS_ENERGY_SCALE
+    assert 0 < g.sustained_fp32_ratio <= 1 and 0 < g.sustained_tc_ratio <= 1
+    assert g.sustained_source.strip()
+    if g.sustained_fp32_ratio < 1:
+        assert "MHz" in g.sustained_source  # says the clock it settles at
+    assert g.sustained_fp32_clock_mhz == pytest.approx(g.boost_clock_mhz * g.sustained_fp32_ratio)
+
+
+def test_a100_suggests_the_a100_entries_first():
+    with pytest.raises(UnknownGPUError) as info:
+        hardware.get_gpu("A100")
+    message = str(info.value)
+    a100s = [n for n in hardware.list_gpus() if n.startswith("A100")]
+    assert len(a100s) == 4 and all(n in message for n in a100s)
+    assert not any(n in message for n in hardware.list_gpus() if not n.startswith("A100"))
+    # A prefix match is suggested before the fuzzy ones.
+    with pytest.raises(UnknownGPUError, match="Did you mean A100-PCIe-80GB[,?]"):
+        hardware.get_gpu("A100-PCIe-80")
+
+
+def test_a_name_fitting_several_gpus_is_an_error_listing_them():
+    from blink.errors import AmbiguousGPUError
+
+    with pytest.raises(AmbiguousGPUError) as info:
+        hardware.get_gpu("RTX PRO 6000")
+    message = str(info.value)
+    assert "RTX-PRO-6000-WS" in message and "RTX-PRO-6000-Max-Q" in message
+    assert "300 W" in message and "600 W" in message
+    assert isinstance(info.value, UnknownGPUError)  # callers catching unknown names still work
+    with pytest.raises(AmbiguousGPUError, match="A100-PCIe-40GB.*A100-PCIe-80GB"):
+        hardware.get_gpu("a100 pcie")
+
+
+# ---------------------------------------------------- issue 9: sustained throughput
+
+
+def test_power_capped_boards_do_not_hold_boost():
+    # Low-power boards (<= ~1 W per 16 nm-equivalent 50 GFLOP/s) throttle under dense math;
+    # full-power data-centre parts hold boost.
+    for name in ("T4", "P4", "L4", "RTX-PRO-6000-Max-Q"):
+        g = hardware.get_gpu(name)
+        assert g.sustained_fp32_ratio < 0.9, name
+        assert g.sustained_tc_ratio < 0.9, name
+    for name in ("H100-SXM", "A100-40GB", "V100", "P100", "RTX-PRO-6000-WS"):
+        assert hardware.get_gpu(name).sustained_fp32_ratio == 1.0, name
+    # Half the board power: the Max-Q sustains less math per second than the 600 W card.
+    maxq, ws = hardware.get_gpu("RTX-PRO-6000-Max-Q"), hardware.get_gpu("RTX-PRO-6000-WS")
+    assert (maxq.peak_flops["fp32"] * maxq.sustained_fp32_ratio
+            < 0.8 * ws.peak_flops["fp32"] * ws.sustained_fp32_ratio)
+
+
+def test_power_rule_follows_board_power():
+    g = hardware.get_gpu("T4")
+    r70 = hardware.power_rule_ratio(g.peak_flops["fp32"], 70, g.process)
+    r35 = hardware.power_rule_ratio(g.peak_flops["fp32"], 35, g.process)
+    assert r35 == pytest.approx(r70 / 2)  # half the watts, half the sustained clock
+    assert hardware.power_rule_ratio(g.peak_flops["fp32"], 10_000, g.process) == 1.0
+    assert hardware.power_rule_ratio(g.peak_flops["fp32"], 70, "") == 1.0  # unknown node
+
+
+def test_power_capped_compute_bound_gemm_is_slower_than_its_datasheet_roofline():
+    from blink.cost import tensor_arg, unit_features
+
+    n = 8192  # 1.1 TFLOP: ~140 ms on a T4, far past any boost window
+    a, b, c = tensor_arg((n, n), 6), tensor_arg((n, n), 6), tensor_arg((n, n), 6)
+    t4 = unit_features("aten::mm", [a, b], [c], "T4")
+    v100 = unit_features("aten::mm", [a, b], [c], "V100-PCIe")
+    flops = 2.0 * n**3
+    # The roofline stays at the datasheet peak ...
+    assert t4["roofline_time_s"] == pytest.approx(flops / hardware.get_gpu("T4").peak_flops["fp32"])
+    # ... but the 70 W T4 cannot run SGEMM near it (NeuSight measures <= ~0.55 of peak), while
+    # the 250 W V100 PCIe reaches most of it.
+    t4_frac = flops / t4["analytic_time_s"] / hardware.get_gpu("T4").peak_flops["fp32"]
+    v100_frac = flops / v100["analytic_time_s"] / hardware.get_gpu("V100-PCIe").peak_flops["fp32"]
+    assert t4_frac < 0.6 < 0.75 < v100_frac
+    assert t4["analytic_time_s"] > 1.5 * t4["roofline_time_s"]
+
+
+def test_isolated_short_gemm_runs_at_boost_a_busy_loop_does_not():
+    import torch
+
+    import blink
+    from blink.cost import tensor_arg, unit_features
+    from blink.predict import predict_trace
+
+    n = 1024  # ~0.3 ms on a T4: inside the boost window when run alone
+    a, b, c = tensor_arg((n, n), 6), tensor_arg((n, n), 6), tensor_arg((n, n), 6)
+    t4 = hardware.get_gpu("T4")
+    alone = unit_features("aten::mm", [a, b], [c], "T4")["analytic_time_s"]
+    assert alone < hardware.BOOST_WINDOW_S
+
+    class MM(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.mm(x, y)
+
+    t = blink.trace_model(MM(), inputs=(torch.empty(n, n), torch.empty(n, n)), gpu="T4")
+    unit = next(u for u in predict_trace(t, "T4", host_time="table").units if u.kind == "gemm")
+    # In a model step the GPU stays busy: the same GEMM runs at the sustained clock.
+    assert unit.time_ms * 1e-3 == pytest.approx(alone / t4.sustained_fp32_ratio, rel=1e-6)
+
+
+def test_sustained_override_in_a_user_file(tmp_path):
+    entry = gpu_entry("Measured-L4")
+    entry["sustained"] = {"fp32_ratio": 0.62, "source": "my nvidia-smi clocks under SGEMM"}
+    hardware.register_gpu_file(write_json(tmp_path / "m.json", entry))
+    g = hardware.get_gpu("Measured-L4")
+    assert g.sustained_fp32_ratio == 0.62
+    assert g.sustained_tc_ratio == hardware.get_gpu("L4").sustained_tc_ratio  # rule kept
+    assert "my nvidia-smi" in g.sustained_source
+    for bad, field in (({"fp32_ratio": 1.5, "source": "x"}, "sustained.fp32_ratio"),
+                       ({"fp32_ratio": 0.5}, "sustained.source"),
+                       ({"fp32": 0.5, "source": "x"}, "sustained")):
+        e = gpu_entry("Bad-L4")
+        e["sustained"] = bad
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            hardware.register_gpu_file(write_json(tmp_path / "b.json", e))
+    e = gpu_entry("Bad-L4")
+    e["process"] = "TSMC 3nm-ish"
+    with pytest.raises(ConfigError, match="process"):
+        hardware.register_gpu_file(write_json(tmp_path / "p.json", e))
+    e = gpu_entry("Bad-L4")
+    e["base_clock_mhz"] = 5000
+    with pytest.raises(ConfigError, match="base_clock_mhz"):
+        hardware.register_gpu_file(write_json(tmp_path / "c.json", e))
+
+
+def test_cli_gpus_lists_power_and_sustained_ratio(capsys):
+    from blink.cli import main
+
+    assert main(["gpus"]) == 0
+    out = capsys.readouterr().out
+    assert "sustained" in out.splitlines()[0] and " W " in out.splitlines()[0]
+    line = next(x for x in out.splitlines() if x.startswith("RTX-PRO-6000-Max-Q"))
+    assert " 300 " in line
+    assert float(line.split()[-1]) == pytest.approx(
+        hardware.get_gpu("RTX-PRO-6000-Max-Q").sustained_fp32_ratio, abs=0.006)
+
+
+def test_core_spec_carries_the_sustained_ratios_and_checks_them():
+    from blink.cost import _C, core_gpu_spec
+
+    for name in ("T4", "H100-SXM", "RTX-PRO-6000-Max-Q"):
+        g, core = hardware.get_gpu(name), core_gpu_spec(name)
+        assert core.sustained_fp32_ratio == pytest.approx(g.sustained_fp32_ratio)
+        assert core.sustained_tc_ratio == pytest.approx(g.sustained_tc_ratio)
+        assert core.boost_window_s == hardware.BOOST_WINDOW_S
+    with pytest.raises(Exception, match="sustained ratios"):
+        _C.GpuSpec(name="x", sm_count=1, clock_hz=1e9, mem_bw=1e11, l2_bytes=1e6,
+                   peak_fp32=1e12, peak_tf32=0, peak_bf16=0, peak_fp16=1e12, peak_fp8=0,
+                   cc_major=8, cc_minor=0, sustained_fp32_ratio=1.5)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -34,6 +35,31 @@ bool is_issue(const TraceData& t, const OpRecord& op) {
   if (op.parent < 0) return true;
   const std::string& parent = t.names[static_cast<size_t>(t.ops[static_cast<size_t>(op.parent)].name)];
   return !(starts_with(parent, "aten::") || starts_with(parent, "prims::"));
+}
+
+// Module paths are dotted ("layer1.0.conv1"); the root module is "". Components of a path, the
+// root counted as the first.
+std::vector<std::string> module_parts(const TraceData& t, int32_t module) {
+  std::vector<std::string> parts;
+  if (module < 0) return parts;
+  const std::string& path = t.modules[static_cast<size_t>(module)];
+  parts.push_back("");
+  size_t start = 0;
+  while (!path.empty() && start <= path.size()) {
+    const size_t dot = path.find('.', start);
+    parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return parts;
+}
+
+// Module hooks between two forward ops: (modules entered, modules left), from their paths.
+std::pair<int, int> module_moves(const std::vector<std::string>& prev,
+                                 const std::vector<std::string>& cur) {
+  size_t common = 0;
+  while (common < prev.size() && common < cur.size() && prev[common] == cur[common]) ++common;
+  return {static_cast<int>(cur.size() - common), static_cast<int>(prev.size() - common)};
 }
 
 bool is_unit_by_rule(const std::string& name) {
@@ -137,9 +163,13 @@ std::vector<int64_t> cut_units(const TraceData& trace, int device_type) {
   return units;
 }
 
-TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu,
-                     const FeatureOptions& opts) {
+TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& spec,
+                     const FeatureOptions& opts, const HostOptions& host_opts) {
   TraceCost out;
+  // A whole step in a loop keeps the GPU busy: no boost window, dense math at the sustained
+  // ratio throughout (GpuSpec::boost_window_s).
+  GpuSpec gpu = spec;
+  gpu.boost_window_s = 0.0;
   const std::vector<int64_t> unit_ids = cut_units(trace, device_type);
   std::vector<int64_t> unit_of(trace.ops.size(), -1);
   out.units.reserve(unit_ids.size());
@@ -162,6 +192,17 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu
   }
   // Each issued op owns the units in its subtree; units outside any issue (rare: a kernel op
   // called from a non-aten frame below another) become issues of their own.
+  bool measured = host_opts.mode == HostTimeMode::kMeasured && !trace.ops.empty();
+  const bool wall = host_opts.wall_clock;
+  auto start_of = [wall](const OpRecord& op) { return wall ? op.t_start_ns : op.cpu_start_ns; };
+  auto end_of = [wall](const OpRecord& op) { return wall ? op.t_end_ns : op.cpu_end_ns; };
+  for (const OpRecord& op : trace.ops) {
+    if (start_of(op) < 0 || end_of(op) < start_of(op)) measured = false;
+  }
+  // Per thread: when its last issue ended (ns), and the module path of its last forward issue.
+  std::unordered_map<int32_t, int64_t> thread_end;
+  std::vector<std::string> prev_forward_module;
+  bool have_prev_forward = false;
   std::vector<int64_t> issue_of(trace.ops.size(), -1);
   for (const OpRecord& op : trace.ops) {
     const size_t i = static_cast<size_t>(op.id);
@@ -170,7 +211,31 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu
     } else if (is_issue(trace, op) || unit_of[i] >= 0) {
       IssueCost issue;
       issue.op = op.id;
-      issue.host_s = host_dispatch_time_s(op_full_name(trace, op));
+      issue.dispatch_s = cuda_dispatch_time_s(op_full_name(trace, op));
+      int entered = 0, left = 0;
+      if (op.phase == Phase::kForward) {
+        std::vector<std::string> parts = module_parts(trace, op.module);
+        if (have_prev_forward) std::tie(entered, left) = module_moves(prev_forward_module, parts);
+        prev_forward_module = std::move(parts);
+        have_prev_forward = true;
+      }
+      if (measured) {
+        // The first issue of a thread has no previous op to measure from: the tracer's own
+        // start-up precedes it, not the model's work.
+        auto it = thread_end.find(op.thread);
+        if (it != thread_end.end()) {
+          const double gap_s = static_cast<double>(start_of(op) - it->second) * 1e-9;
+          const double ours =
+              host_opts.tracer_gap_overhead_s + host_opts.module_hook_s * (entered + left) +
+              (op.phase == Phase::kForward ? host_opts.forward_mode_overhead_s : 0.0);
+          issue.caller_s = std::max(0.0, gap_s - ours);
+        }
+        int64_t& end = thread_end[op.thread];
+        end = std::max(end, end_of(op));
+      } else {
+        issue.caller_s = kHostPythonCallS + kHostModuleCallS * entered;
+      }
+      issue.host_s = issue.caller_s + issue.dispatch_s;
       issue_of[i] = static_cast<int64_t>(out.issues.size());
       out.issues.push_back(issue);
     }

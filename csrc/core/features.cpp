@@ -1388,6 +1388,26 @@ double peak_flops_for(MathMode mode, int dtype, const GpuSpec& g) {
   }
 }
 
+namespace {
+double sustained_ratio(MathMode mode, const GpuSpec& g) {
+  const bool tc = mode == MathMode::kTf32 || mode == MathMode::kBf16Tc ||
+                  mode == MathMode::kFp16Tc || mode == MathMode::kFp8Tc;
+  return tc ? g.sustained_tc_ratio : g.sustained_fp32_ratio;
+}
+}  // namespace
+
+double sustained_peak_flops(MathMode mode, int dtype, const GpuSpec& g) {
+  return peak_flops_for(mode, dtype, g) * sustained_ratio(mode, g);
+}
+
+double sustained_time_s(double boost_time_s, MathMode mode, const GpuSpec& g) {
+  const double ratio = sustained_ratio(mode, g);
+  if (!(boost_time_s > 0.0) || !(ratio > 0.0) || ratio >= 1.0) return boost_time_s;
+  const double window = std::max(0.0, g.boost_window_s);
+  if (boost_time_s <= window) return boost_time_s;
+  return window + (boost_time_s - window) / ratio;
+}
+
 const char* unit_kind_name(UnitKind kind) {
   switch (kind) {
     case K::kGemm: return "gemm";

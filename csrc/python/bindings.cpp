@@ -74,7 +74,8 @@ py::dict trace_to_python(const TraceData& d) {
   for (const OpRecord& r : d.ops) {
     ops.append(py::make_tuple(r.id, r.parent, r.name, r.overload, r.module, r.seq_nr,
                               static_cast<int>(r.phase), static_cast<int>(r.scope), r.thread,
-                              r.depth, args_list(r.inputs), args_list(r.outputs), r.kernel));
+                              r.depth, args_list(r.inputs), args_list(r.outputs), r.kernel,
+                              r.t_start_ns, r.t_end_ns, r.cpu_start_ns, r.cpu_end_ns));
   }
   py::list allocs;
   for (const AllocRecord& a : d.allocs) {
@@ -149,8 +150,10 @@ std::shared_ptr<TraceData> trace_from_python(const py::dict& d) {
   t->modules = d["modules"].cast<std::vector<std::string>>();
   for (py::handle h : d["ops"]) {
     py::sequence r = h.cast<py::sequence>();
-    BLINK_CHECK(py::len(r) == 13, "trace op record has " + std::to_string(py::len(r)) +
-                                      " fields, expected 13 (format_version mismatch?)");
+    // 13 fields: format 2 (no timestamps); 17: format 3.
+    BLINK_CHECK(py::len(r) == 13 || py::len(r) == 17,
+                "trace op record has " + std::to_string(py::len(r)) +
+                    " fields, expected 17 (or 13 for format 2; format_version mismatch?)");
     OpRecord op;
     op.id = r[0].cast<int64_t>();
     op.parent = r[1].cast<int64_t>();
@@ -165,6 +168,15 @@ std::shared_ptr<TraceData> trace_from_python(const py::dict& d) {
     for (py::handle a : r[10]) op.inputs.push_back(arg_from_python(a));
     for (py::handle a : r[11]) op.outputs.push_back(arg_from_python(a));
     op.kernel = r[12].cast<bool>();
+    if (py::len(r) == 17) {
+      op.t_start_ns = r[13].cast<int64_t>();
+      op.t_end_ns = r[14].cast<int64_t>();
+      op.cpu_start_ns = r[15].cast<int64_t>();
+      op.cpu_end_ns = r[16].cast<int64_t>();
+      auto ordered = [](int64_t a, int64_t b) { return a >= -1 && b >= -1 && (a < 0 || b >= a); };
+      BLINK_CHECK(ordered(op.t_start_ns, op.t_end_ns) && ordered(op.cpu_start_ns, op.cpu_end_ns),
+                  "trace op record " + std::to_string(t->ops.size()) + " has bad timestamps");
+    }
     const size_t n = t->names.size();
     BLINK_CHECK(op.id == static_cast<int64_t>(t->ops.size()) && op.parent < op.id &&
                     op.name >= 0 && static_cast<size_t>(op.name) < n && op.overload >= 0 &&
@@ -230,7 +242,8 @@ py::dict cost_to_python(const TraceData& t, const TraceCost& c) {
     const IssueCost& is = c.issues[i];
     const TimelineEvent& e = c.timeline[i];
     issues.append(py::make_tuple(is.op, is.host_s, is.gpu_s, e.host_start, e.host_end,
-                                 e.gpu_start, e.gpu_end, op_label(t, is.op)));
+                                 e.gpu_start, e.gpu_end, op_label(t, is.op), is.caller_s,
+                                 is.dispatch_s));
   }
   py::dict d;
   d["units"] = units;
@@ -276,6 +289,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
 
   m.def("tracer_start", &tracer::start, py::arg("record_all") = false,
+        py::arg("timing_only") = false,
         "Start recording ops and meta storages on this thread.");
   // The record stays in C++ until Python reads it: converting ~50k ops to Python objects
   // costs more than recording them, and many callers only need a summary or the JSON.
@@ -286,19 +300,35 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(
           "cost",
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
-             bool cudnn_benchmark) {
+             const std::string& host_time, double tracer_gap_overhead_s, double module_hook_s,
+             double forward_mode_overhead_s, bool cudnn_benchmark) {
             FeatureOptions o;
             o.allow_tf32_matmul = allow_tf32_matmul;
             o.allow_tf32_cudnn = allow_tf32_cudnn;
             o.cudnn_benchmark = cudnn_benchmark;
+            HostOptions h;
+            BLINK_CHECK(host_time == "table" || host_time == "measured" || host_time == "wall",
+                        "host_time must be 'table', 'measured' or 'wall', not '" + host_time +
+                            "'");
+            BLINK_CHECK(tracer_gap_overhead_s >= 0.0 && tracer_gap_overhead_s < 1e-3 &&
+                            module_hook_s >= 0.0 && module_hook_s < 1e-3 &&
+                            forward_mode_overhead_s >= 0.0 && forward_mode_overhead_s < 1e-3,
+                        "tracer overheads must be in [0, 1 ms)");
+            h.mode = host_time == "table" ? HostTimeMode::kTable : HostTimeMode::kMeasured;
+            h.wall_clock = host_time == "wall";
+            h.tracer_gap_overhead_s = tracer_gap_overhead_s;
+            h.module_hook_s = module_hook_s;
+            h.forward_mode_overhead_s = forward_mode_overhead_s;
             TraceCost c;
             {
               py::gil_scoped_release release;
-              c = cost_trace(d, meta_device(), g, o);
+              c = cost_trace(d, meta_device(), g, o, h);
             }
             return cost_to_python(d, c);
           },
           py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
+          py::arg("host_time") = "table", py::arg("tracer_gap_overhead_s") = 0.0,
+          py::arg("module_hook_s") = 0.0, py::arg("forward_mode_overhead_s") = 0.0,
           py::arg("cudnn_benchmark") = false)
       .def(
           "unit_features",
@@ -355,6 +385,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unit_rule_ops", []() { return unit_rule_ops(); },
         "Op names the cut counts as units besides those with their own CUDA kernel.");
   m.def("host_dispatch_time_s", &host_dispatch_time_s, py::arg("op_name"));
+  m.def("cuda_dispatch_time_s", &cuda_dispatch_time_s, py::arg("op_name"));
   m.def("tracer_stop", []() { return std::make_shared<TraceData>(tracer::stop()); },
         "Stop recording and return the raw trace (a RawTrace).");
   m.def("tracer_active", &tracer::active);
@@ -415,17 +446,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<GpuSpec>(m, "GpuSpec")
       .def(py::init([](std::string name, int sm_count, double clock_hz, double mem_bw, double l2_bytes,
                        double peak_fp32, double peak_tf32, double peak_bf16, double peak_fp16,
-                       double peak_fp8, int cc_major, int cc_minor) {
+                       double peak_fp8, int cc_major, int cc_minor, double peak_fp64,
+                       double sustained_fp32_ratio, double sustained_tc_ratio,
+                       double boost_window_s) {
              GpuSpec g;
              g.name = name; g.sm_count = sm_count; g.clock_hz = clock_hz; g.mem_bw = mem_bw;
              g.l2_bytes = l2_bytes; g.peak_fp32 = peak_fp32; g.peak_tf32 = peak_tf32;
              g.peak_bf16 = peak_bf16; g.peak_fp16 = peak_fp16; g.peak_fp8 = peak_fp8;
-             g.cc_major = cc_major; g.cc_minor = cc_minor;
+             g.cc_major = cc_major; g.cc_minor = cc_minor; g.peak_fp64 = peak_fp64;
+             BLINK_CHECK(sustained_fp32_ratio > 0.0 && sustained_fp32_ratio <= 1.0 &&
+                             sustained_tc_ratio > 0.0 && sustained_tc_ratio <= 1.0,
+                         "GpuSpec '" + name + "': sustained ratios must be in (0, 1]");
+             g.sustained_fp32_ratio = sustained_fp32_ratio;
+             g.sustained_tc_ratio = sustained_tc_ratio;
+             BLINK_CHECK(boost_window_s >= 0.0 && boost_window_s < 10.0,
+                         "GpuSpec '" + name + "': boost_window_s must be in [0, 10) s");
+             g.boost_window_s = boost_window_s;
              return g;
            }),
            py::arg("name"), py::arg("sm_count"), py::arg("clock_hz"), py::arg("mem_bw"),
            py::arg("l2_bytes"), py::arg("peak_fp32"), py::arg("peak_tf32"), py::arg("peak_bf16"),
-           py::arg("peak_fp16"), py::arg("peak_fp8"), py::arg("cc_major"), py::arg("cc_minor"));
+           py::arg("peak_fp16"), py::arg("peak_fp8"), py::arg("cc_major"), py::arg("cc_minor"),
+           py::arg("peak_fp64") = 0.0, py::arg("sustained_fp32_ratio") = 1.0,
+           py::arg("sustained_tc_ratio") = 1.0, py::arg("boost_window_s") = 0.0)
+      .def_readonly("sustained_fp32_ratio", &GpuSpec::sustained_fp32_ratio)
+      .def_readonly("sustained_tc_ratio", &GpuSpec::sustained_tc_ratio)
+      .def_readonly("boost_window_s", &GpuSpec::boost_window_s);
   m.def("features_for",
         [](const std::string& op, py::list inputs, py::list outputs, const GpuSpec& g,
            bool allow_tf32_matmul, bool allow_tf32_cudnn, bool cudnn_benchmark) {

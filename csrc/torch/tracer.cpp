@@ -6,7 +6,10 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
 
+#include <time.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -57,6 +60,8 @@ struct Session {
   std::unordered_map<int64_t, int32_t> seq_module;     // autograd seq nr -> module
   std::unordered_map<const void*, bool> is_kernel;      // schema name ptr -> has a CUDA kernel
   bool record_all = false;
+  bool timing_only = false;
+  std::chrono::steady_clock::time_point t0;
   int64_t next_storage = 1;
   int32_t next_thread = 0;
   at::CallbackHandle handle = 0;
@@ -209,10 +214,24 @@ bool has_cuda_kernel(Session& s, const at::RecordFunction& fn) {
   return kernel;
 }
 
+int64_t since_start_ns(const Session& s) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              s.t0)
+      .count();
+}
+
+int64_t thread_cpu_ns() {
+  timespec ts{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return -1;
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   Session* sp = g_session;
   if (sp == nullptr || !g_active.load(std::memory_order_relaxed)) return nullptr;
   Session& s = *sp;
+  const int64_t t_start = since_start_ns(s);
+  const int64_t cpu_start = thread_cpu_ns();
   ThreadState& ts = thread_state(s);
   int64_t parent = ts.stack.empty() ? -1 : ts.stack.back().op;
   const bool is_node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
@@ -254,9 +273,13 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   rec.scope = static_cast<uint8_t>(fn.scope());
   rec.thread = ts.thread;
   rec.depth = static_cast<int32_t>(ts.stack.size());
-  auto inputs = fn.inputs();
-  rec.inputs.resize(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) record_value(s, inputs[i], rec.inputs[i]);
+  rec.t_start_ns = t_start;
+  rec.cpu_start_ns = cpu_start;
+  if (!s.timing_only) {
+    auto inputs = fn.inputs();
+    rec.inputs.resize(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) record_value(s, inputs[i], rec.inputs[i]);
+  }
   if (!is_backward_fn && phase != Phase::kBackward && rec.seq_nr >= 0 && module >= 0) {
     s.seq_module.emplace(rec.seq_nr, module);
   }
@@ -295,11 +318,17 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
       s.failure.op = s.data.names[static_cast<size_t>(rec.name)];
       s.failure.module = rec.module;
     }
+    rec.t_end_ns = since_start_ns(s);
+    rec.cpu_end_ns = thread_cpu_ns();
     return;
   }
-  const auto& outputs = fn.outputs();
-  rec.outputs.resize(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) record_value(s, outputs[i], rec.outputs[i]);
+  if (!s.timing_only) {
+    const auto& outputs = fn.outputs();
+    rec.outputs.resize(outputs.size());
+    for (size_t i = 0; i < outputs.size(); ++i) record_value(s, outputs[i], rec.outputs[i]);
+  }
+  rec.t_end_ns = since_start_ns(s);
+  rec.cpu_end_ns = thread_cpu_ns();
 }
 
 void record_storage_event(AllocCtx* ctx, bool is_free) {
@@ -356,12 +385,14 @@ RecordingMetaAllocator g_allocator;
 
 }  // namespace
 
-void start(bool record_all) {
+void start(bool record_all, bool timing_only) {
   std::lock_guard<std::mutex> guard(g_session_mu);
   BLINK_CHECK(g_session == nullptr,
               "a blink trace is already running in this process; finish it before starting another");
   auto* s = new Session();
   s->record_all = record_all;
+  s->timing_only = timing_only;
+  s->t0 = std::chrono::steady_clock::now();
   s->previous_allocator = c10::GetAllocator(c10::DeviceType::Meta);
   g_generation.fetch_add(1);
   g_phase.store(static_cast<uint8_t>(Phase::kForward));
@@ -374,8 +405,8 @@ void start(bool record_all) {
   // the autograd engine's worker threads, so backward work on other threads is seen too.
   s->handle = at::addThreadLocalCallback(
       at::RecordFunctionCallback(&on_enter, &on_exit)
-          .needsInputs(true)
-          .needsOutputs(true)
+          .needsInputs(!timing_only)
+          .needsOutputs(!timing_only)
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   c10::SetAllocator(c10::DeviceType::Meta, &g_allocator, kAllocatorPriority);
   g_active.store(true);

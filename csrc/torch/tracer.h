@@ -19,7 +19,10 @@ struct Failure {
 // Starts observing this thread (and the autograd threads it hands work to). Throws blink::Error
 // when a trace is already running. record_all: also record the meta-only decompositions that
 // run below ops with a CUDA kernel (for debugging the tracer; slower).
-void start(bool record_all = false);
+// timing_only: record the call tree and the timestamps but no arguments (the observer then
+// asks RecordFunction for no inputs or outputs); used to calibrate what the full recording adds
+// to the time between ops.
+void start(bool record_all = false, bool timing_only = false);
 // Stops observing, restores the previous meta allocator and returns everything recorded.
 TraceData stop();
 bool active();

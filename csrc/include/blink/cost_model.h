@@ -24,7 +24,10 @@ struct UnitCost {
 // One entry of the host timeline: an op called by user code or by an autograd node.
 struct IssueCost {
   int64_t op = 0;
-  double host_s = 0.0;      // dispatch time on the CPU
+  double host_s = 0.0;      // CPU time before its kernels are enqueued: caller_s + dispatch_s
+  double caller_s = 0.0;    // the caller's own work since the previous issue (Python, module
+                            // __call__, the autograd engine): measured or the table's constant
+  double dispatch_s = 0.0;  // the op's CUDA-side dispatch (host_dispatch table)
   double gpu_s = 0.0;       // its units' kernel time, back to back on one stream
   double roofline_s = 0.0;  // the same with roofline unit times
 };
@@ -51,8 +54,31 @@ std::string op_full_name(const TraceData& t, const OpRecord& op);
 // overload); blink._cupti's observer uses the same list on the GPU.
 const std::vector<std::string>& unit_rule_ops();
 
+// Where an issue's host time comes from.
+//  kTable: deterministic: kHostPythonCallS per issue + kHostModuleCallS per module entered in
+//          the forward pass + the op's CUDA-side dispatch (cuda_dispatch_time_s).
+//  kMeasured: the time the dry run spent in the caller between the previous issue's end and
+//          this issue's start (OpRecord timestamps: the thread's CPU time, or with wall_clock
+//          the steady clock, which also counts sleeps, waits and preemption), less what the
+//          tracer itself adds there, + the op's CUDA-side dispatch. Traces without timestamps
+//          fall back to kTable.
+enum class HostTimeMode { kTable = 0, kMeasured = 1 };
+
+struct HostOptions {
+  HostTimeMode mode = HostTimeMode::kTable;
+  bool wall_clock = false;
+  // Calibrated by blink (blink/hosttime.py): what the full recording adds to one gap between
+  // ops over a timestamp-only observer, and what one of blink's module hooks (pre or post)
+  // costs. Subtracted from each measured gap (never below 0).
+  double tracer_gap_overhead_s = 0.0;
+  double module_hook_s = 0.0;
+  // A Python dispatch mode the dry run runs in the forward pass that a GPU run does not
+  // (blink.autocast's TorchFunctionMode for amp-* dtypes): its cost per forward gap.
+  double forward_mode_overhead_s = 0.0;
+};
+
 TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu,
-                     const FeatureOptions& opts);
+                     const FeatureOptions& opts, const HostOptions& host = HostOptions());
 
 struct MemoryOptions {
   AllocSimOptions sim;

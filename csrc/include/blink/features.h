@@ -36,6 +36,15 @@ struct GpuSpec {
   // Not in the list: FP64 vector rate, for double-precision work. 0 = unknown, in which
   // case 1/32 of peak_fp32 is assumed (a conservative consumer-GPU ratio).
   double peak_fp64 = 0.0;
+  // Fraction of the datasheet peak a board holds under dense math (power-capped boards drop
+  // below boost: blink/hardware.py's power rule, one value per GPU in the hardware table).
+  // fp32: SIMT math (and FP64 / integer); tc: tensor-core math. 1 = holds boost.
+  double sustained_fp32_ratio = 1.0;
+  double sustained_tc_ratio = 1.0;
+  // GPU Boost reacts to average board power, not instantly: an isolated burst of dense math
+  // runs its first boost_window_s at boost before the clock falls to the sustained ratio.
+  // 0 = steady state (a busy GPU in a training or inference loop): all of it at the ratio.
+  double boost_window_s = 0.0;
 };
 
 enum class UnitKind {
@@ -169,6 +178,13 @@ int64_t dtype_itemsize(int dtype);
 
 // Peak FLOP/s the math mode runs at on `gpu` (dtype picks the rate for kOther: FP64 or FP32).
 double peak_flops_for(MathMode mode, int dtype, const GpuSpec& gpu);
+// What dense math of that mode sustains on `gpu`: peak_flops_for x the GPU's sustained ratio
+// for tensor-core or SIMT math. Compute-bound time models use this; the pure roofline
+// (compute_time_s, roofline_time_s) stays at datasheet peak.
+double sustained_peak_flops(MathMode mode, int dtype, const GpuSpec& gpu);
+// Time of dense math that takes `boost_time_s` at peak clocks, on a board that holds them for
+// gpu.boost_window_s and then runs at its sustained ratio for the mode (see GpuSpec).
+double sustained_time_s(double boost_time_s, MathMode mode, const GpuSpec& gpu);
 
 const char* unit_kind_name(UnitKind kind);   // "gemm", "conv", ..., "other"
 const char* math_mode_name(MathMode mode);   // "fp32_simt", "tf32", "bf16_tc", ..., "other"

@@ -57,6 +57,15 @@ struct OpRecord {
   int32_t thread = 0;   // small id, 0 = the thread that started the trace
   int32_t depth = 0;
   bool kernel = false;  // the op has its own CUDA kernel (one launch group on a GPU)
+  // Steady-clock nanoseconds since the trace started, stamped first thing when the observer is
+  // entered and last thing when it exits: the time between one op's end and the next op's
+  // start is the caller's own work (Python, the autograd engine). -1: not recorded.
+  int64_t t_start_ns = -1;
+  int64_t t_end_ns = -1;
+  // The same two moments on the recording thread's CPU-time clock (CLOCK_THREAD_CPUTIME_ID,
+  // ns): the caller's work without the time the thread slept or was preempted. -1: not recorded.
+  int64_t cpu_start_ns = -1;
+  int64_t cpu_end_ns = -1;
   std::vector<Arg> inputs;
   std::vector<Arg> outputs;
 };
