@@ -17,6 +17,7 @@ import torch
 
 from .cost import core_gpu_spec
 from .dryrun import trace_model
+from .errors import ConfigError
 from .hardware import GPUSpec, get_gpu
 from .trace import PHASES, Trace, _fmt_bytes
 
@@ -86,6 +87,12 @@ class Prediction:
     gpu_memory_bytes: int = 0
     fits: bool = True
     notes: list[str] = field(default_factory=list)
+    # The memory the run may use, CUDA context included (default: the GPU's); the allocator is
+    # replayed against it less the context, so `fits` means the real run would not OOM.
+    memory_budget_bytes: int = 0
+    alloc_retries: int = 0  # mallocs that fitted only after releasing cached segments
+    # Where the replay ran out of memory (fits=False): {"op", "module", "phase", "request_bytes"}
+    oom: dict[str, Any] | None = None
 
     # -- views -----------------------------------------------------------------------------
     def by_op(self) -> list[tuple[str, int, float]]:
@@ -114,7 +121,7 @@ class Prediction:
             f"  memory     peak allocated {_fmt_bytes(self.peak_allocated_bytes)}, "
             f"peak reserved {_fmt_bytes(self.peak_reserved_bytes)}, nvidia-smi ~"
             f"{_fmt_bytes(self.nvidia_smi_bytes)} of {_fmt_bytes(self.gpu_memory_bytes)}"
-            f"{'' if self.fits else '  (DOES NOT FIT)'}",
+            f"{'' if self.fits else '  (DOES NOT FIT: ' + _oom_text(self.oom) + ')'}",
             f"  resident   weights+inputs {_fmt_bytes(self.resident_bytes)}, cuBLAS workspace "
             f"{_fmt_bytes(self.workspace_bytes)}, CUDA context ~{_fmt_bytes(self.context_bytes)}",
             f"  interval   {self.interval_method}",
@@ -170,11 +177,56 @@ class Prediction:
         return doc
 
 
+def _oom_text(oom: dict[str, Any] | None) -> str:
+    if not oom:
+        return "over the memory budget"
+    where = oom["op"] or "placing the weights and inputs"
+    if oom.get("module"):
+        where += f" in {oom['module']}"
+    return f"out of memory at {where}, requesting {_fmt_bytes(oom['request_bytes'])}"
+
+
+def replay_memory(native: Any, *, capacity_bytes: int, expandable_segments: bool,
+                  workspace_bytes: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The allocator replay of a trace as a run limited to `capacity_bytes` would see it.
+
+    Unlimited first: when its peak reserved stays within the capacity the limit never bites and
+    the numbers are final. Otherwise the replay is repeated against the capacity, where the
+    simulator does what c10/cuda/CUDACachingAllocator.cpp's malloc does on a failed cudaMalloc
+    (release_cached_blocks(), then one retry) before it declares OOM. Returns the stats and,
+    on OOM, where it happened (the stats are then the unlimited ones: what the run would need).
+    """
+    mem = native.memory(expandable_segments=expandable_segments,
+                        workspace_bytes=workspace_bytes)
+    if mem["peak_reserved_bytes"] <= capacity_bytes:
+        return mem, None
+    capped = native.memory(expandable_segments=expandable_segments,
+                           capacity_bytes=capacity_bytes, workspace_bytes=workspace_bytes)
+    if not capped["oom"]:
+        return capped, None
+    label = capped["oom_label"]
+    oom = {"op": None if label is None else label[0],
+           "module": None if label is None else label[1],
+           "phase": None if label is None else PHASES[label[2]],
+           "request_bytes": int(capped["oom_request_bytes"])}
+    return mem, oom
+
+
+def _memory_budget(spec: GPUSpec, memory_budget: object) -> int:
+    budget = spec.memory_bytes if memory_budget is None else memory_budget
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= CUDA_CONTEXT_BYTES:
+        raise ConfigError(f"memory_budget must be a number of bytes above the CUDA context "
+                          f"({_fmt_bytes(CUDA_CONTEXT_BYTES)}), got {memory_budget!r}")
+    return budget
+
+
 def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | None = None,
                   allow_tf32_matmul: bool | None = None,
-                  allow_tf32_cudnn: bool | None = None) -> Prediction:
+                  allow_tf32_cudnn: bool | None = None,
+                  memory_budget: int | None = None) -> Prediction:
     """Cost an existing trace on `gpu`. TF32 flags default to torch's current settings
-    (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)."""
+    (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32). memory_budget:
+    bytes the run may use on the device, CUDA context included (default: the GPU's memory)."""
     spec = get_gpu(gpu)
     if allow_tf32_matmul is None:
         allow_tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -190,7 +242,10 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     native = t.native()
     cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn)
     workspace = cublas_workspace_bytes(spec)
-    mem = native.memory(expandable_segments=expandable_segments, workspace_bytes=workspace)
+    budget = _memory_budget(spec, memory_budget)
+    mem, oom = replay_memory(native, capacity_bytes=budget - CUDA_CONTEXT_BYTES,
+                             expandable_segments=bool(expandable_segments),
+                             workspace_bytes=workspace)
 
     units = []
     failed = 0
@@ -221,7 +276,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         context_bytes=CUDA_CONTEXT_BYTES, resident_bytes=int(mem["resident_bytes"]),
         workspace_bytes=workspace, units=units, timeline=timeline,
         expandable_segments=bool(expandable_segments), gpu_memory_bytes=spec.memory_bytes,
-        fits=smi <= spec.memory_bytes, notes=notes,
+        fits=oom is None, notes=notes, memory_budget_bytes=budget,
+        alloc_retries=int(mem["num_alloc_retries"]), oom=oom,
     )
 
 
@@ -240,15 +296,20 @@ def predict(
     nonzero: str = "error",
     expandable_segments: bool | None = None,
     first_step: bool = False,
+    memory_budget: int | None = None,
 ) -> Prediction:
     """Predict time and memory of `model` on `gpu` without running it there.
 
     Same inputs as blink.trace_model (a module or zoo name; `inputs`, `input_shape` or, for zoo
     models, `batch_size` / `seq_len`); mode="train" is forward, loss, backward and
     `optimizer.step()`, in steady state (optimizer state already resident) unless first_step.
+    memory_budget: bytes the run may use on the GPU, CUDA context included (default: all of
+    it); `fits` says whether the allocator replay stays within it without an out-of-memory.
     """
-    spec = get_gpu(gpu)  # fail on an unknown GPU before tracing
+    spec = get_gpu(gpu)  # fail on an unknown GPU (or a bad budget) before tracing
+    _memory_budget(spec, memory_budget)
     t = trace_model(model, inputs, input_shape=input_shape, batch_size=batch_size,
                     seq_len=seq_len, dtype=dtype, mode=mode, optimizer=optimizer,
                     gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step)
-    return predict_trace(t, spec.name, expandable_segments=expandable_segments)
+    return predict_trace(t, spec.name, expandable_segments=expandable_segments,
+                         memory_budget=memory_budget)
