@@ -106,11 +106,10 @@ function lineChart(svg, points, opts) {
   }
   svg.appendChild(svgEl("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
   svg.appendChild(svgEl("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }));
-  const seen = new Set();
-  for (const p of points) {
-    if (seen.has(p.x)) continue;
-    seen.add(p.x);
-    if (logx && (p.x & (p.x - 1)) !== 0 && !p.ok) continue;  // keep tick labels readable
+  let lastLabel = -1e9;
+  for (const p of [...points].sort((a, b) => a.x - b.x)) {
+    if (sx(p.x) - lastLabel < 26) continue;  // keep tick labels apart
+    lastLabel = sx(p.x);
     svg.appendChild(svgEl("text", { x: sx(p.x), y: H - B + 12, "text-anchor": "middle" }, String(p.x)));
   }
   svg.appendChild(svgEl("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" }, "batch size"));
@@ -121,10 +120,12 @@ function lineChart(svg, points, opts) {
     c.appendChild(svgEl("title", {}, `batch ${p.x}: ${opts.fmt(p.y)}${p.ok ? "" : " (out of memory)"}`));
     svg.appendChild(c);
   }
-  for (const h of opts.hlines || []) {
+  (opts.hlines || []).forEach((h, i) => {
     svg.appendChild(svgEl("line", { class: h.cls, x1: L, x2: W - R, y1: sy(h.y), y2: sy(h.y) }));
-    svg.appendChild(svgEl("text", { x: W - R - 4, y: sy(h.y) - 3, "text-anchor": "end" }, h.label));
-  }
+    // first label above its line, the next below, so two close lines stay readable
+    const dy = i % 2 === 0 ? -3 : 11;
+    svg.appendChild(svgEl("text", { x: L + 6, y: sy(h.y) + dy }, h.label));
+  });
   if (opts.bestX) {
     svg.appendChild(svgEl("line", { class: "best", x1: sx(opts.bestX), x2: sx(opts.bestX), y1: T, y2: H - B }));
   }
