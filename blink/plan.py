@@ -348,6 +348,11 @@ class BatchSweep:
                          f"{mark}")
         if self.max_batch_size is not None:
             lines.append(f"  largest batch that fits: {self.max_batch_size}")
+        if any(r.alloc_retries for r in self.rows if r.fits) and any(
+                not r.fits for r in self.rows):
+            lines.append("  (rows that fit near the budget did so after the allocator freed its "
+                         "cache and retried; rows that do not fit show the peak reserved with "
+                         "no limit, cache kept)")
         if self.best is None:
             lines.append("  no batch fits the budget")
         lines += [f"  note: {n}" for n in self.notes]
@@ -438,7 +443,8 @@ def plot_sweep(sweep: BatchSweep, path: str) -> str:
     xs = [r.batch_size for r in rows]
     gib = 2**30
     fig, axes = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
-    title = f"{sweep.model} on {sweep.gpu} ({sweep.mode}, {sweep.dtype})"
+    seq = "" if sweep.seq_len is None else f", seq {sweep.seq_len}"
+    title = f"{sweep.model} on {sweep.gpu} ({sweep.mode}, {sweep.dtype}{seq})"
     fig.suptitle(title)
     ok = [r.fits for r in rows]
     for ax, ys, label in [
@@ -483,6 +489,7 @@ class CompareRow:
     gpu: str
     dtype: str
     batch_size: int
+    seq_len: int | None
     time_ms: float
     throughput: float       # samples/s
     peak_reserved_bytes: int
@@ -528,6 +535,17 @@ def _as_list(name: str, value: object) -> list[Any]:
     return out
 
 
+def _seq_len_for(model: object, seq_len: int | None) -> int | None:
+    """seq_len for a text model; None for a zoo vision model, so that one comparison can hold
+    both (an unknown name keeps it and lets the resolver decide)."""
+    from . import zoo
+
+    if isinstance(model, str) and zoo.is_zoo_name(model) and zoo.get_entry(
+            model).kind == zoo.VISION:
+        return None
+    return seq_len
+
+
 def compare(
     models: Sequence[torch.nn.Module | str] | torch.nn.Module | str,
     gpus: Sequence[str] | str = ("H200",),
@@ -542,7 +560,8 @@ def compare(
 ) -> Comparison:
     """Predict every (model, GPU, dtype) at one batch size; rows sorted by time, with each
     row's time relative to the fastest. Each cell is traced for its own GPU (the fused
-    attention kernel CUDA picks depends on it)."""
+    attention kernel CUDA picks depends on it). seq_len applies to the text models (zoo
+    vision models ignore it)."""
     from .predict import predict
 
     model_list = _as_list("models", models)
@@ -557,19 +576,20 @@ def compare(
     clock = _Clock(time_limit_s, "compare")
     preds: list[Prediction] = []
     for m in model_list:
+        seq = _seq_len_for(m, seq_len)
         for g in gpu_list:
             name, budget = budgets[g]
             for dt in dtype_list:
                 clock.check(len(preds))
                 preds.append(predict(m, batch_size=batch_size, gpu=name, dtype=dt, mode=mode,
-                                     seq_len=seq_len, memory_budget=budget, **trace_kwargs))
+                                     seq_len=seq, memory_budget=budget, **trace_kwargs))
     fastest = min(p.time_ms for p in preds) or 1.0
-    rows = [CompareRow(p.model, p.gpu, p.dtype, batch_size, p.time_ms,
+    rows = [CompareRow(p.model, p.gpu, p.dtype, batch_size, p.seq_len, p.time_ms,
                        batch_size * 1e3 / p.time_ms if p.time_ms > 0 else 0.0,
                        p.peak_reserved_bytes, p.nvidia_smi_bytes, p.fits, p.time_ms / fastest)
             for p in preds]
     rows.sort(key=lambda r: r.time_ms)
-    return Comparison(mode, batch_size, preds[0].seq_len, rows)
+    return Comparison(mode, batch_size, seq_len, rows)
 
 
 # -- the command line -------------------------------------------------------------------------

@@ -164,6 +164,13 @@ def test_compare_models_gpus_dtypes():
         assert r.throughput == pytest.approx(8e3 / p.time_ms)
     with pytest.raises(UnknownGPUError):
         blink.compare(["torchvision:resnet18"], ["H200", "nope"])
+    # one seq_len for a mixed comparison: the text model takes it, the vision model ignores it
+    mixed = blink.compare(["torchvision:resnet18", "hf:gpt2"], "H200", batch_size=2, seq_len=64)
+    seqs = {r.model: r.seq_len for r in mixed.rows}
+    assert seqs == {"torchvision:resnet18": None, "hf:gpt2": 64}
+    gpt2 = blink.predict("hf:gpt2", batch_size=2, seq_len=64, gpu="H200")
+    assert next(r for r in mixed.rows if r.model == "hf:gpt2").time_ms == pytest.approx(
+        gpt2.time_ms)
     with pytest.raises(ConfigError, match="at most"):
         blink.compare(["torchvision:resnet18"] * 65, ["H200"])
 
