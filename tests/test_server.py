@@ -86,6 +86,24 @@ def test_predict_a_transformers_config_sent_as_json(server):
     assert d["resident_bytes"] >= n * 2
 
 
+@pytest.mark.parametrize("task,cfg,extra", [
+    ("seq2seq", {"model_type": "t5", "d_model": 64, "d_ff": 128, "num_layers": 2,
+                 "num_heads": 2, "d_kv": 32, "vocab_size": 1000}, {"seq_len": 32}),
+    ("image-classification", {"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 2,
+                              "num_attention_heads": 2, "intermediate_size": 128,
+                              "image_size": 32, "patch_size": 8}, {}),
+    ("masked-lm", {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2,
+                   "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 500}, {}),
+], ids=["t5-seq2seq", "vit-image", "bert-mlm"])
+def test_config_models_of_each_task_train(server, task, cfg, extra):
+    status, _, body = post(server, "/predict", {"model": cfg, "task": task, "batch_size": 2,
+                                                "mode": "train", **extra})
+    assert status == 200, body
+    d = _json(body)
+    assert d["model"] == f"config:{cfg['model_type']}" and d["time_ms"] > 0
+    assert {u["phase"] for u in d["units"]} == {"forward", "backward", "optimizer"}
+
+
 def test_optimize_batch_and_compare(server):
     status, _, body = post(server, "/optimize-batch", {
         "model": "torchvision:resnet18", "gpu": "A100-40GB", "memory_budget": "2GiB",

@@ -175,7 +175,9 @@ def config_inputs(m: BuiltConfigModel, batch_size: int, seq_len: int | None, flo
     out = {"input_ids": ids}
     if train:
         out["labels"] = torch.empty(batch_size, length, dtype=torch.long, device="meta")
-    elif m.kind == "seq2seq":
+    if m.kind == "seq2seq":
+        # given explicitly, also in training: deriving them from the labels needs a
+        # decoder_start_token_id that a hand-written config may lack
         out["decoder_input_ids"] = torch.empty(batch_size, length, dtype=torch.long, device="meta")
     return out
 
