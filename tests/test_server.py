@@ -208,6 +208,11 @@ HOSTILE: list[tuple[str, bytes | dict | None, dict | None]] = [
     ("config too big to serve", {"model": {"model_type": "llama", "hidden_size": 16384,
                                            "intermediate_size": 65536, "num_hidden_layers": 200,
                                            "num_attention_heads": 128}, "batch_size": 1}, None),
+    ("config with a million experts", {"model": {"model_type": "mixtral",
+                                                 "num_local_experts": 10**6}, "batch_size": 1},
+     None),
+    ("config with huge depths", {"model": {"model_type": "swin", "depths": [2, 2, 10**5, 2]},
+                                 "task": "image-classification", "batch_size": 1}, None),
     ("config with bad key", {"model": {"model_type": "llama", "__class__": 1},
                              "batch_size": 1}, None),
     ("config with a NaN", b'{"model": {"model_type": "llama", "rope_theta": NaN}, '

@@ -34,7 +34,9 @@ FORBIDDEN_CONFIG_KEYS = frozenset({
     "tokenizer_class", "processor_class", "feature_extractor_type", "image_processor_type",
 })
 TASKS = ("causal-lm", "masked-lm", "seq2seq", "image-classification")
-_LAYER_KEYS = re.compile(r"(^|_)(layers|layer|blocks|depth)$|^num_.*layers$")
+# Keys that count modules to build (layers, blocks, experts, stages): each is bounded, since
+# building a model makes one Python object per module before any parameter can be counted.
+_LAYER_KEYS = re.compile(r"(layers?|blocks?|depths?|experts?|stages?)(_per_tok|_group)?$")
 MAX_LAYERS = 256
 MAX_CONFIG_INT = 1 << 24
 
@@ -99,8 +101,12 @@ def check_config(config: dict[str, Any], max_keys: int) -> dict[str, Any]:
         if key in FORBIDDEN_CONFIG_KEYS:
             continue  # what could load code or files, or what the service sets itself
         value = _check_value(key, value)
-        if _LAYER_KEYS.search(key) and isinstance(value, int) and value > MAX_LAYERS:
-            raise ConfigError(f"config key {key!r}: at most {MAX_LAYERS} layers, got {value}")
+        if _LAYER_KEYS.search(key):
+            counts = value if isinstance(value, list) else [value]
+            ints = [v for v in counts if isinstance(v, int) and not isinstance(v, bool)]
+            if any(v > MAX_LAYERS for v in ints) or sum(ints) > 4 * MAX_LAYERS:
+                raise ConfigError(f"config key {key!r}: at most {MAX_LAYERS} layers, blocks or "
+                                  f"experts, got {value}")
         out[key] = value
     return {"model_type": model_type, **out}
 
