@@ -121,6 +121,7 @@ class Prediction:
             f"  memory     peak allocated {_fmt_bytes(self.peak_allocated_bytes)}, "
             f"peak reserved {_fmt_bytes(self.peak_reserved_bytes)}, nvidia-smi ~"
             f"{_fmt_bytes(self.nvidia_smi_bytes)} of {_fmt_bytes(self.gpu_memory_bytes)}"
+            f"{_budget_text(self.memory_budget_bytes, self.gpu_memory_bytes)}"
             f"{'' if self.fits else '  (DOES NOT FIT: ' + _oom_text(self.oom) + ')'}",
             f"  resident   weights+inputs {_fmt_bytes(self.resident_bytes)}, cuBLAS workspace "
             f"{_fmt_bytes(self.workspace_bytes)}, CUDA context ~{_fmt_bytes(self.context_bytes)}",
@@ -175,6 +176,10 @@ class Prediction:
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(doc, f)
         return doc
+
+
+def _budget_text(budget: int, gpu_memory: int) -> str:
+    return "" if not budget or budget == gpu_memory else f" (budget {_fmt_bytes(budget)})"
 
 
 def _oom_text(oom: dict[str, Any] | None) -> str:

@@ -132,6 +132,29 @@ def test_a_prediction_renders_its_charts_and_joins_the_measured_history(page):
     _shot(driver, "dashboard_predict.png", "predict")
 
 
+def test_a_transformers_config_typed_into_the_page_is_predicted(page):
+    driver, _ = page
+    _wait(driver, "document.body.getAttribute('data-ready') === '1'")
+    driver.find_element("id", "p-use-config").click()
+    assert driver.find_element("id", "p-config").is_displayed()
+    _set(driver, "p-config", '{"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, '
+                             '"vocab_size": 1000, "n_positions": 256, "bos_token_id": 0, '
+                             '"eos_token_id": 0}')
+    _set(driver, "p-batch", "2")
+    _set(driver, "p-seq", "64")
+    driver.find_element("id", "predict-run").click()
+    _wait(driver, "document.getElementById('predict-summary').textContent.includes('config:gpt2')")
+    assert driver.execute_script(
+        "return document.querySelectorAll('#op-chart rect.bar').length") >= 5
+    # a broken config is an error on the page, not a stale chart
+    _set(driver, "p-config", '{"model_type": "gpt2", "n_layer": 100000}')
+    driver.find_element("id", "predict-run").click()
+    _wait(driver, "document.getElementById('predict-status').className.includes('error')")
+    assert "at most 256" in driver.find_element("id", "predict-status").text
+    driver.find_element("id", "p-use-config").click()  # back to model names
+    _set(driver, "p-seq", "")
+
+
 def test_the_planner_draws_its_curves_and_the_budget_line(page):
     driver, _ = page
     _wait(driver, "document.body.getAttribute('data-ready') === '1'")
