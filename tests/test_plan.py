@@ -257,3 +257,46 @@ def test_resident_weights_that_do_not_fit_are_an_oom_before_any_op():
     assert r["events"] == 0
     with pytest.raises(blink.BlinkError, match="capacity_bytes"):
         n.memory(capacity_bytes=-1)
+
+
+@pytest.mark.parametrize("expandable", [False, True], ids=["classic", "expandable"])
+def test_trace_replay_with_a_capacity_matches_the_reference_allocator(expandable):
+    """Random alloc/free streams as raw traces: the C++ replay against a capacity must stop at
+    the same first OOM, with the same statistics, as the pure-Python reference allocator
+    (tests/alloc_reference.py) run on the same stream until its first failed malloc."""
+    import random
+
+    from alloc_reference import STAT_KEYS, ReferenceAllocator
+
+    from blink import _C
+
+    rng = random.Random(11)
+    sizes = [1, 512, 4096, 300 * 1024, MiB, MiB + 512, 3 * MiB, 9 * MiB, 12 * MiB, 25 * MiB]
+    ooms = 0
+    for case in range(150):
+        live: list[int] = []
+        allocs = []
+        for sid in range(60):
+            if live and rng.random() < 0.4:
+                allocs.append((live.pop(rng.randrange(len(live))), 0, -1, True, 0))
+            allocs.append((sid, rng.choice(sizes) + rng.randrange(0, 2048), -1, False, 0))
+            live.append(sid)
+        capacity = rng.choice([24, 40, 64, 100, 160]) * MiB
+        raw = {"names": [], "modules": [], "ops": [], "allocs": allocs, "externals": []}
+        got = _C.trace_from_python(raw).memory(expandable_segments=expandable,
+                                                capacity_bytes=capacity)
+        ref = ReferenceAllocator(expandable_segments=expandable, capacity_bytes=capacity)
+        events, failed_size = 0, 0
+        for storage, nbytes, _op, is_free, _t in allocs:
+            events += 1
+            if is_free:
+                ref.free(storage)
+            elif not ref.malloc(storage, nbytes):
+                failed_size = nbytes
+                break
+        want = ref.stats()
+        assert {k: got[k] for k in STAT_KEYS} == want, (case, capacity)
+        assert got["events"] == events and got["oom"] == bool(failed_size)
+        assert got["oom_request_bytes"] == failed_size
+        ooms += bool(failed_size)
+    assert 20 < ooms < 150  # the capacities make both outcomes common
