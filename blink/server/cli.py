@@ -20,11 +20,16 @@ def _add_common(p: argparse.ArgumentParser, port: int) -> None:
     g = p.add_argument_group("limits on one request's work")
     for f in fields(Limits):
         g.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                       metavar="N", help=f"default {f.default}")
+                       metavar="N", help=f"{f.metadata['help']} (default {f.default})")
 
 
 def _limits(a: argparse.Namespace) -> Limits:
-    return Limits(**{f.name: getattr(a, f.name) for f in fields(Limits)})
+    from ..errors import ConfigError
+
+    try:
+        return Limits(**{f.name: getattr(a, f.name) for f in fields(Limits)})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _run(a: argparse.Namespace) -> int:
