@@ -261,8 +261,11 @@ def max_batch_size(
     `memory_budget` (bytes or "40GiB"; default: the GPU's memory) less `safety_margin`.
 
     Each probe is a full blink.predict at that batch size (trace_kwargs go to it: input_shape
-    for your own module, optimizer, expandable_segments, ...). The result keeps every probe, so
-    its batch is known to fit and (unless it is max_batch) its successor known not to.
+    for your own module, optimizer, expandable_segments, ...). The search assumes that a batch
+    that does not fit has no larger batch that does (allocator rounding can make memory dip
+    by a segment between neighbouring batches, never by a trend); the result keeps every
+    probe, so its batch is known to fit and (unless it is max_batch) its successor known not
+    to.
     time_limit_s: raise TimeLimitError instead of starting a prediction after that long.
     """
     from .predict import CUDA_CONTEXT_BYTES, predict

@@ -349,3 +349,23 @@ def test_schemathesis_finds_no_server_error(server, mode):
     assert request(server.url + "/health")[0] == 200
     print(f"schemathesis ({mode.value}): {len(calls)} requests, statuses "
           f"{sorted({c.rsplit(' ', 1)[1] for c in calls})}")
+
+
+# ---- the history file -----------------------------------------------------------------------
+
+def test_history_persists_and_survives_a_damaged_file(tmp_path):
+    from blink.server.history import History
+
+    path = str(tmp_path / "h" / "history.json")
+    h = History(3, path, [])
+    for b in (1, 2, 3, 4):
+        h.add(blink.predict("torchvision:resnet18", batch_size=b, gpu="T4"))
+    again = History(3, path, [])
+    assert [e["batch_size"] for e in again.entries()] == [4, 3, 2]  # newest first, bounded
+    assert all(e["measured"] is None for e in again.entries())
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("{not json")
+    damaged = History(3, path, [])
+    assert damaged.entries() == [] and "ignored" in damaged.problems[0]
+    bad = History(3, "", [str(tmp_path / "no-such-dataset")])
+    assert bad.dataset_info()[0]["runs"] == 0 and "no-such-dataset" in bad.problems[0]
