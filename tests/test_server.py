@@ -303,6 +303,25 @@ def test_health_answers_while_work_runs_and_a_full_queue_is_429(server):
     assert len(health_s) >= 3 and max(health_s) < 2.0, health_s
 
 
+def test_parameter_limit(tmp_path):
+    s = start(str(tmp_path), "--max-params", "100000000")
+    try:
+        # llama-7b's 6.7e9 parameters are over this server's 1e8: refused before tracing
+        status, _, raw = request(s.url + "/predict", "POST",
+                                 {"model": "hf:llama-7b", "batch_size": 1}, timeout=120)
+        assert status == 422 and "max_params" in _json(raw)["detail"], raw
+        assert _json(request(s.url + "/health")[2])["computed"]["predict"] == 1
+        status, _, raw = request(s.url + "/compare", "POST",
+                                 {"models": ["hf:llama-7b"], "gpus": ["H200"]}, timeout=120)
+        assert status == 422 and "max_params" in _json(raw)["detail"], raw
+        # a small model passes
+        status, _, _ = request(s.url + "/predict", "POST",
+                               {"model": "torchvision:resnet18", "batch_size": 1}, timeout=120)
+        assert status == 200
+    finally:
+        stop(s)
+
+
 def test_wall_time_limit_is_504_and_the_service_lives(tmp_path):
     s = start(str(tmp_path), "--max-wall-s", "0.5")
     try:

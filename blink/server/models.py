@@ -190,8 +190,9 @@ def config_inputs(m: BuiltConfigModel, batch_size: int, seq_len: int | None, flo
 
 @functools.lru_cache(maxsize=128)
 def name_params(name: str) -> int:
-    """Parameters of a named model, counted on a meta build (cached: names are few)."""
-    from .. import zoo
+    """Parameters of a named model, counted on a meta build by blink's own resolver (the one
+    blink.predict uses, so every name it accepts is counted the same way; cached)."""
+    from ..dryrun import prepare
 
-    net = zoo.build(name)
+    net = prepare(name, batch_size=1).net
     return sum(p.numel() for p in net.parameters())
