@@ -151,6 +151,7 @@ def test_a_transformers_config_typed_into_the_page_is_predicted(page):
     driver.find_element("id", "predict-run").click()
     _wait(driver, "document.getElementById('predict-status').className.includes('error')")
     assert "at most 256" in driver.find_element("id", "predict-status").text
+    assert driver.execute_script("return document.getElementById('predict-result').hidden")
     driver.find_element("id", "p-use-config").click()  # back to model names
     _set(driver, "p-seq", "")
 

@@ -227,6 +227,7 @@ async function runPredict() {
     setStatus("predict-status", `answered in ${((performance.now() - t0) / 1e3).toFixed(2)} s, ${p.units.length} units`);
     loadHistory();
   } catch (e) {
+    $("predict-result").hidden = true;  // an error replaces the previous answer, never sits beside it
     setStatus("predict-status", e.message, true);
   } finally {
     $("predict-run").disabled = false;
@@ -274,6 +275,7 @@ async function runPlan() {
     $("plan-result").hidden = false;
     setStatus("plan-status", `${rows.length} batch sizes`);
   } catch (e) {
+    $("plan-result").hidden = true;  // an error replaces the previous answer, never sits beside it
     setStatus("plan-status", e.message, true);
   } finally {
     $("plan-run").disabled = false;
@@ -291,6 +293,7 @@ async function runCompare() {
   $("compare-run").disabled = true;
   try {
     const c = await api("POST", "/compare", body);
+    $("compare-chart").setAttribute("height", String(Math.max(60, 24 * c.rows.length + 12)));
     barChart($("compare-chart"), c.rows.map((r) => ({ label: `${r.model} · ${r.gpu} · ${r.dtype}`, value: r.time_ms, alt: !r.fits })),
       { fmt: (v) => `${fmtNum(v)} ms`, left: 330 });
     const t = $("compare-table");
@@ -307,6 +310,7 @@ async function runCompare() {
     $("compare-result").hidden = false;
     setStatus("compare-status", `${c.rows.length} combinations`);
   } catch (e) {
+    $("compare-result").hidden = true;  // an error replaces the previous answer, never sits beside it
     setStatus("compare-status", e.message, true);
   } finally {
     $("compare-run").disabled = false;
