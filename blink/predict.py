@@ -91,7 +91,8 @@ class Prediction:
     # replayed against it less the context, so `fits` means the real run would not OOM.
     memory_budget_bytes: int = 0
     alloc_retries: int = 0  # mallocs that fitted only after releasing cached segments
-    # Where the replay ran out of memory (fits=False): {"op", "module", "phase", "request_bytes"}
+    # Where the replay ran out of memory (fits=False): {"op", "module", "phase", "request_bytes",
+    # "reserved_bytes" (reserved when that malloc failed, after the release and retry)}
     oom: dict[str, Any] | None = None
 
     # -- views -----------------------------------------------------------------------------
@@ -213,7 +214,9 @@ def replay_memory(native: Any, *, capacity_bytes: int, expandable_segments: bool
     oom = {"op": None if label is None else label[0],
            "module": None if label is None else label[1],
            "phase": None if label is None else PHASES[label[2]],
-           "request_bytes": int(capped["oom_request_bytes"])}
+           "request_bytes": int(capped["oom_request_bytes"]),
+           "reserved_bytes": int(capped["reserved_bytes"])}  # held when the malloc failed
+    mem = dict(mem, num_alloc_retries=capped["num_alloc_retries"])
     return mem, oom
 
 

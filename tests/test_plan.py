@@ -242,6 +242,7 @@ def test_predict_fits_where_only_the_retry_makes_room():
     assert p.peak_reserved_bytes == 32 * MiB
     q = blink.predict_trace(t, "H200", memory_budget=31 * MiB + CUDA_CONTEXT_BYTES)
     assert not q.fits and q.oom["request_bytes"] == 20 * MiB
+    assert q.oom["reserved_bytes"] == 12 * MiB and q.alloc_retries == 1
     assert q.peak_reserved_bytes == 44 * MiB  # what the run would have needed
     assert "DOES NOT FIT: out of memory at aten::empty.memory_format" in q.table()
     with pytest.raises(ConfigError, match="memory_budget"):
