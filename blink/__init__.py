@@ -17,6 +17,7 @@ from .errors import (
     UnknownGPUError,
     UnknownModelError,
 )
+from .plan import compare, max_batch_size, optimize_batch
 from .predict import Prediction, predict, predict_trace
 from .trace import Op, StorageEvent, TensorMeta, Trace, trace
 
@@ -25,5 +26,5 @@ __all__ = [
     "BlinkError", "ConfigError", "DataDependentError", "MissingMetaKernelError", "Op",
     "Prediction", "predict", "predict_trace",
     "StorageEvent", "TensorMeta", "Trace", "TraceError", "UnknownGPUError", "UnknownModelError",
-    "__version__", "trace", "trace_model", "zoo",
+    "__version__", "compare", "max_batch_size", "optimize_batch", "trace", "trace_model", "zoo",
 ]

@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .collect.cli import add_collect_parser
 
     add_collect_parser(sub)
+    from .plan import add_plan_parsers
+
+    add_plan_parsers(sub)
+    from .server.cli import add_server_parsers
+
+    add_server_parsers(sub)
     sub.add_parser("models", help="list the model zoo").set_defaults(func=_cmd_models)
     sub.add_parser("gpus", help="list the known GPUs").set_defaults(func=_cmd_gpus)
     return parser

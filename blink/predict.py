@@ -89,6 +89,13 @@ class Prediction:
     gpu_memory_bytes: int = 0
     fits: bool = True
     notes: list[str] = field(default_factory=list)
+    # The memory the run may use, CUDA context included (default: the GPU's); the allocator is
+    # replayed against it less the context, so `fits` means the real run would not OOM.
+    memory_budget_bytes: int = 0
+    alloc_retries: int = 0  # mallocs that fitted only after releasing cached segments
+    # Where the replay ran out of memory (fits=False): {"op", "module", "phase", "request_bytes",
+    # "reserved_bytes" (reserved when that malloc failed, after the release and retry)}
+    oom: dict[str, Any] | None = None
 
     # -- views -----------------------------------------------------------------------------
     def by_op(self) -> list[tuple[str, int, float]]:
@@ -117,7 +124,8 @@ class Prediction:
             f"  memory     peak allocated {_fmt_bytes(self.peak_allocated_bytes)}, "
             f"peak reserved {_fmt_bytes(self.peak_reserved_bytes)}, nvidia-smi ~"
             f"{_fmt_bytes(self.nvidia_smi_bytes)} of {_fmt_bytes(self.gpu_memory_bytes)}"
-            f"{'' if self.fits else '  (DOES NOT FIT)'}",
+            f"{_budget_text(self.memory_budget_bytes, self.gpu_memory_bytes)}"
+            f"{'' if self.fits else '  (DOES NOT FIT: ' + _oom_text(self.oom) + ')'}",
             f"  resident   weights+inputs {_fmt_bytes(self.resident_bytes)}, cuBLAS workspace "
             f"{_fmt_bytes(self.workspace_bytes)}, CUDA context ~{_fmt_bytes(self.context_bytes)}",
             f"  interval   {self.interval_method}",
@@ -173,14 +181,65 @@ class Prediction:
         return doc
 
 
+def _budget_text(budget: int, gpu_memory: int) -> str:
+    return "" if not budget or budget == gpu_memory else f" (budget {_fmt_bytes(budget)})"
+
+
+def _oom_text(oom: dict[str, Any] | None) -> str:
+    if not oom:
+        return "over the memory budget"
+    where = oom["op"] or "placing the weights and inputs"
+    if oom.get("module"):
+        where += f" in {oom['module']}"
+    return f"out of memory at {where}, requesting {_fmt_bytes(oom['request_bytes'])}"
+
+
+def replay_memory(native: Any, *, capacity_bytes: int, expandable_segments: bool,
+                  workspace_bytes: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The allocator replay of a trace as a run limited to `capacity_bytes` would see it.
+
+    Unlimited first: when its peak reserved stays within the capacity the limit never bites and
+    the numbers are final. Otherwise the replay is repeated against the capacity, where the
+    simulator does what c10/cuda/CUDACachingAllocator.cpp's malloc does on a failed cudaMalloc
+    (release_cached_blocks(), then one retry) before it declares OOM. Returns the stats and,
+    on OOM, where it happened (the stats are then the unlimited ones: what the run would need).
+    """
+    mem = native.memory(expandable_segments=expandable_segments,
+                        workspace_bytes=workspace_bytes)
+    if mem["peak_reserved_bytes"] <= capacity_bytes:
+        return mem, None
+    capped = native.memory(expandable_segments=expandable_segments,
+                           capacity_bytes=capacity_bytes, workspace_bytes=workspace_bytes)
+    if not capped["oom"]:
+        return capped, None
+    label = capped["oom_label"]
+    oom = {"op": None if label is None else label[0],
+           "module": None if label is None else label[1],
+           "phase": None if label is None else PHASES[label[2]],
+           "request_bytes": int(capped["oom_request_bytes"]),
+           "reserved_bytes": int(capped["reserved_bytes"])}  # held when the malloc failed
+    mem = dict(mem, num_alloc_retries=capped["num_alloc_retries"])
+    return mem, oom
+
+
+def _memory_budget(spec: GPUSpec, memory_budget: object) -> int:
+    budget = spec.memory_bytes if memory_budget is None else memory_budget
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= CUDA_CONTEXT_BYTES:
+        raise ConfigError(f"memory_budget must be a number of bytes above the CUDA context "
+                          f"({_fmt_bytes(CUDA_CONTEXT_BYTES)}), got {memory_budget!r}")
+    return budget
+
+
 def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | None = None,
                   allow_tf32_matmul: bool | None = None,
                   allow_tf32_cudnn: bool | None = None,
                   cudnn_benchmark: bool | None = None,
-                  host_time: str = "measured") -> Prediction:
+                  host_time: str = "measured",
+                  memory_budget: int | None = None) -> Prediction:
     """Cost an existing trace on `gpu`. TF32 and cuDNN-benchmark flags default to torch's
     current settings (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-    torch.backends.cudnn.benchmark).
+    torch.backends.cudnn.benchmark). memory_budget: bytes the run may use on the device, CUDA
+    context included (default: the GPU's memory).
 
     host_time="measured" (default): each op's host time is the caller's work the dry run
     measured on this CPU before it (Python, module calls, autograd engine, optimizer loop; less
@@ -231,7 +290,10 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, "table",
                            cudnn_benchmark=cudnn_benchmark)
     workspace = cublas_workspace_bytes(spec)
-    mem = native.memory(expandable_segments=expandable_segments, workspace_bytes=workspace)
+    budget = _memory_budget(spec, memory_budget)
+    mem, oom = replay_memory(native, capacity_bytes=budget - CUDA_CONTEXT_BYTES,
+                             expandable_segments=bool(expandable_segments),
+                             workspace_bytes=workspace)
 
     units = []
     failed = 0
@@ -265,7 +327,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         workspace_bytes=workspace, units=units, timeline=timeline,
         expandable_segments=bool(expandable_segments), host_time=used,
         gpu_memory_bytes=spec.memory_bytes,
-        fits=smi <= spec.memory_bytes, notes=notes,
+        fits=oom is None, notes=notes, memory_budget_bytes=budget,
+        alloc_retries=int(mem["num_alloc_retries"]), oom=oom,
     )
 
 
@@ -285,6 +348,7 @@ def predict(
     expandable_segments: bool | None = None,
     first_step: bool = False,
     host_time: str = "measured",
+    memory_budget: int | None = None,
 ) -> Prediction:
     """Predict time and memory of `model` on `gpu` without running it there.
 
@@ -293,14 +357,17 @@ def predict(
     `optimizer.step()`, in steady state (optimizer state already resident) unless first_step.
     host_time: "measured" (this CPU's Python, as the dry run ran it), "wall" or "table"
     (deterministic); see predict_trace.
+    memory_budget: bytes the run may use on the GPU, CUDA context included (default: all of
+    it); `fits` says whether the allocator replay stays within it without an out-of-memory.
     """
     if host_time not in HOST_TIME_MODES:
         raise ConfigError(f"host_time must be one of {', '.join(HOST_TIME_MODES)}, "
                           f"not {host_time!r}")
-    spec = get_gpu(gpu)  # fail on an unknown GPU before tracing
+    spec = get_gpu(gpu)  # fail on an unknown GPU (or a bad budget) before tracing
+    _memory_budget(spec, memory_budget)
     t = trace_model(model, inputs, input_shape=input_shape, batch_size=batch_size,
                     seq_len=seq_len, dtype=dtype, mode=mode, optimizer=optimizer,
                     gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step,
                     warmup=host_time != "table")
     return predict_trace(t, spec.name, expandable_segments=expandable_segments,
-                         host_time=host_time)
+                         host_time=host_time, memory_budget=memory_budget)

@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+bash scripts/install_browser.sh  # headless Chromium for tests/test_dashboard.py
 .venv/bin/python -m ruff check blink tests benchmarks
 .venv/bin/python -m pytest -q "$@"

@@ -269,10 +269,19 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
   CachingAllocatorSim sim(opts.sim);
   // Storage ids for the simulator: resident ones are negative in the trace; keep them apart.
   int64_t next_resident = -1;
+  // Records the first failed malloc; the caller stops replaying (the real run raised there).
+  auto failed = [&](int64_t op, int64_t bytes, bool resident) {
+    out.oom = true;
+    out.oom_op = op;
+    out.oom_request_bytes = bytes;
+    out.oom_resident = resident;
+    out.stats = sim.stats();
+    return out;
+  };
   for (const ExternalStorage& e : trace.externals) {
     if (e.device_type != device_type || e.nbytes <= 0) continue;
-    sim.malloc(next_resident--, e.nbytes);
     out.resident_bytes += e.nbytes;
+    if (!sim.malloc(next_resident--, e.nbytes)) return failed(-1, e.nbytes, true);
   }
   // Find scratch: allocated and freed under the same kernel op.
   std::unordered_map<int64_t, int64_t> alloc_op;
@@ -306,14 +315,17 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
   };
   for (const AllocRecord& a : trace.allocs) {
     if (!workspace_done && a.op >= 0 && is_gemm(a.op)) {
-      sim.malloc(workspace_id, opts.workspace_bytes);
+      if (!sim.malloc(workspace_id, opts.workspace_bytes)) {
+        return failed(-1, opts.workspace_bytes, false);
+      }
       workspace_done = true;
     }
     if (scratch.count(a.storage)) continue;
     if (a.is_free) {
       sim.free(a.storage);
-    } else {
-      sim.malloc(a.storage, a.nbytes);
+    } else if (!sim.malloc(a.storage, a.nbytes)) {
+      ++out.events;
+      return failed(a.op, a.nbytes, false);
     }
     ++out.events;
   }

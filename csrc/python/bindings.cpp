@@ -376,6 +376,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             out["resident_bytes"] = r.resident_bytes;
             out["temporaries_dropped"] = r.temporaries_dropped;
             out["events"] = r.events;
+            out["oom"] = r.oom;
+            out["oom_op"] = r.oom_op;
+            out["oom_request_bytes"] = r.oom_request_bytes;
+            out["oom_resident"] = r.oom_resident;
+            out["oom_label"] = r.oom_op >= 0 ? py::object(op_label(d, r.oom_op)) : py::none();
             return out;
           },
           py::arg("expandable_segments") = false, py::arg("capacity_bytes") = 0,

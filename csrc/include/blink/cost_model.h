@@ -81,7 +81,7 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu
                      const FeatureOptions& opts, const HostOptions& host = HostOptions());
 
 struct MemoryOptions {
-  AllocSimOptions sim;
+  AllocSimOptions sim;  // sim.capacity_bytes > 0: the device memory the allocator may reserve
   int64_t workspace_bytes = 0;  // cuBLAS workspace, allocated at the first GEMM-like unit
 };
 
@@ -90,12 +90,21 @@ struct MemoryResult {
   int64_t resident_bytes = 0;     // storages that existed before the run (weights, inputs)
   int64_t temporaries_dropped = 0;  // meta-only scratch inside one kernel op, not charged
   int64_t events = 0;               // alloc/free events replayed
+  // With a capacity: the first allocation that failed after the allocator released its cached
+  // segments and retried. A real run raises torch.OutOfMemoryError there, so the replay stops;
+  // stats are those at the failure.
+  bool oom = false;
+  int64_t oom_op = -1;              // OpRecord id of the failing allocation; -1 for resident
+                                    // storages (weights, inputs) or the cuBLAS workspace
+  int64_t oom_request_bytes = 0;    // the requested size
+  bool oom_resident = false;        // failed while placing resident storages
 };
 
 // Replays the trace's storage events through the caching-allocator simulator: resident
 // storages on `device_type` first, then every allocation and free in program order, except
 // storages allocated and freed inside the same kernel op (a meta decomposition's scratch,
-// which the CUDA kernel does not allocate).
+// which the CUDA kernel does not allocate). With a capacity the replay stops at the first
+// out-of-memory (see MemoryResult::oom).
 MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
                                    const MemoryOptions& opts);
 
