@@ -90,7 +90,8 @@ def _timm_entry(name: str) -> ZooEntry:
     import timm
 
     if not timm.is_model(name):
-        raise _unknown(f"timm:{name}", [f"timm:{n}" for n in timm.list_models()], "no such timm model",
+        raise _unknown(f"timm:{name}", [f"timm:{n}" for n in timm.list_models()],
+                       "no such timm model",
                        " `timm.list_models('pattern*')` lists them.")
     try:
         size = _timm_size(timm.models.get_pretrained_cfg(name))
@@ -252,7 +253,7 @@ def entry_for_module(model: torch.nn.Module) -> ZooEntry | None:
 def no_inputs_error(model: torch.nn.Module, batch_size: int | None) -> ConfigError:
     b = batch_size or 16
     return ConfigError(
-        f"no inputs: cannot infer the inputs of {type(model).__name__} (it has no timm pretrained_cfg or "
-        f"transformers config). Pass input_shape=({b}, 3, 224, 224) (batch first, your model's "
-        "real sizes) or inputs=(tensor, ...); on the command line --input-shape 3,224,224 "
-        f"-b {b}.")
+        f"no inputs: cannot infer the inputs of {type(model).__name__} (it has no timm "
+        f"pretrained_cfg or transformers config). Pass input_shape=({b}, 3, 224, 224) (batch "
+        "first, your model's real sizes) or inputs=(tensor, ...); on the command line "
+        f"--input-shape 3,224,224 -b {b}.")
