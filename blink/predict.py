@@ -402,8 +402,8 @@ def _memory_curve(curve: list[tuple[int, int, int, int]],
     for op, phase, allocated, reserved in curve:
         if op >= 0 and ids:
             k = bisect.bisect_right(ids, op) - 1
-            if k >= 0:
-                t_ms = timeline[k]["host_start_s"] * 1e3
+            if k >= 0:  # events are in program order; an op's parent may own a later one
+                t_ms = max(t_ms, timeline[k]["host_start_s"] * 1e3)
         out.append({"t_ms": t_ms, "op_id": op, "phase": PHASES[phase] if phase >= 0 else None,
                     "allocated_bytes": allocated, "reserved_bytes": reserved})
     return out
