@@ -258,9 +258,11 @@ def blink_backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
 
 
 def _register() -> None:
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 
-    if "blink" not in _BACKENDS:
+    # Also reached from the "torch_dynamo_backends" entry point (setup.py), which torch then
+    # registers itself: only register when neither has.
+    if "blink" not in _BACKENDS and "blink" not in _COMPILER_FNS:
         register_backend(name="blink")(blink_backend)
 
 
