@@ -24,9 +24,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd or none (train mode)")
     p.add_argument("--gpu", default="H200", help="target GPU (`blink gpus` lists them)")
     p.add_argument("--json", action="store_true",
-                   help="print JSON instead of the table (to --out PATH when given)")
+                   help="print JSON instead of the table (with --out: only to the file)")
     p.add_argument("--out", "-o", metavar="PATH", default=None,
-                   help="also write the JSON to PATH")
+                   help="write the JSON to PATH (the table still prints unless --json)")
 
 
 def _emit(a: argparse.Namespace, table: Callable[[], str],
