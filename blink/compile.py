@@ -299,20 +299,24 @@ _EXTERN_OPS = {"mm": "aten::mm", "addmm": "aten::addmm", "bmm": "aten::bmm",
                "baddbmm": "aten::baddbmm"}
 
 
-def inductor_estimator(gpu: str = "H200") -> Callable[[Any], float]:
-    """A function for torch._inductor.config.estimate_op_runtime: Inductor calls it with a
+class InductorEstimator:
+    """A callable for torch._inductor.config.estimate_op_runtime: Inductor calls it with a
     scheduler node (torch/_inductor/comms.py, estimate_op_runtime) and reads milliseconds.
     GEMM extern kernels get Blink's GEMM rule; generated (Triton) kernels, fused or not, the
     fused memory-bound kernel rule over the bytes Inductor says the node reads and writes
-    (BaseSchedulerNode.get_read_write_buffers_sizes)."""
-    from ._ext import load
-    from .cost import core_gpu_spec, unit_features
+    (BaseSchedulerNode.get_read_write_buffers_sizes). A plain object, so Inductor can pickle
+    its config into the FX-graph cache key."""
 
-    spec = core_gpu_spec(gpu)
-    C = load()
+    def __init__(self, gpu: str = "H200") -> None:
+        from .hardware import get_gpu
 
-    def estimate(snode: Any) -> float:
+        self.gpu = get_gpu(gpu).name
+
+    def __call__(self, snode: Any) -> float:
         from torch._inductor import scheduler
+
+        from ._ext import load
+        from .cost import core_gpu_spec, unit_features
 
         if isinstance(snode, scheduler.NopKernelSchedulerNode):
             return 0.0
@@ -325,7 +329,7 @@ def inductor_estimator(gpu: str = "H200") -> Callable[[Any], float]:
                 out = _ir_tensor_arg(node)
                 if out is not None and all(a is not None for a in ins):
                     try:
-                        f = unit_features(op, ins, [out], gpu)
+                        f = unit_features(op, ins, [out], self.gpu)
                         return float(f["analytic_time_s"]) * 1e3
                     except BlinkError:
                         pass
@@ -333,8 +337,14 @@ def inductor_estimator(gpu: str = "H200") -> Callable[[Any], float]:
             nbytes = float(snode.get_read_write_buffers_sizes())
         except Exception:  # noqa: BLE001 - an unusual node: count nothing moved
             nbytes = 0.0
-        return float(C.fused_kernel_time_s(max(nbytes, 0.0), 0.0, spec)) * 1e3
+        spec = core_gpu_spec(self.gpu)
+        return float(load().fused_kernel_time_s(max(nbytes, 0.0), 0.0, spec)) * 1e3
 
-    return estimate
+    def __repr__(self) -> str:
+        return f"blink.compile.InductorEstimator({self.gpu!r})"
 
 
+def inductor_estimator(gpu: str = "H200") -> InductorEstimator:
+    """Blink's per-node estimator for Inductor on `gpu` (see InductorEstimator):
+    torch._inductor.config.estimate_op_runtime = blink.compile.inductor_estimator("H100-SXM")."""
+    return InductorEstimator(gpu)

@@ -107,21 +107,34 @@ def test_estimate_graph_agrees_with_predict():
         blink.estimate_graph(net, [x])
 
 
+class _Logged:
+    """Module-level, so Inductor can pickle it into its cache key like the estimator itself."""
+
+    def __init__(self, gpu: str) -> None:
+        self.estimate = blink.compile.inductor_estimator(gpu)
+        self.seen: list[tuple[object, float]] = []
+
+    def __call__(self, snode: object) -> float:
+        ms = self.estimate(snode)
+        self.seen.append((snode, ms))
+        return ms
+
+    def __getstate__(self) -> dict:  # scheduler nodes are not picklable: keep them out
+        return {"estimate": self.estimate, "seen": []}
+
+
 def test_inductor_estimator_inside_real_compile():
     import torch._inductor.config as ic
     from torch._inductor import scheduler
 
-    est = blink.compile.inductor_estimator("H100-SXM")
-    seen: list[tuple[object, float]] = []
-
-    def logged(snode):
-        ms = est(snode)
-        seen.append((snode, ms))
-        return ms
+    logged = _Logged("H100-SXM")
+    seen = logged.seen
 
     torch.manual_seed(0)
     net, x = Block(), torch.randn(64, 32)
+    # caches off: a cached graph would skip the scheduler (and the estimator) on a rerun
     with ic.patch(estimate_op_runtime=logged, reorder_for_compute_comm_overlap=True,
+                  fx_graph_cache=False,
                   reorder_for_compute_comm_overlap_passes=["reorder_compute_for_overlap"]):
         out = torch.compile(net)(x)
     assert torch.allclose(out, net(x), atol=1e-5)
