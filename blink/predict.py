@@ -320,6 +320,10 @@ class Prediction:
                                "ts": ev["gpu_start_s"] * us,
                                "dur": (ev["gpu_end_s"] - ev["gpu_start_s"]) * us,
                                "args": {"module": ev["module"], "phase": ev["phase"]}})
+        for c in self.memory_curve:  # counter tracks: memory over the step
+            events.append({"ph": "C", "pid": 1, "name": "GPU memory", "ts": c["t_ms"] * 1e3,
+                           "args": {"allocated MiB": c["allocated_bytes"] / 2**20,
+                                    "reserved MiB": c["reserved_bytes"] / 2**20}})
         doc = {"traceEvents": events, "displayTimeUnit": "ms",
                "otherData": {"model": self.model, "gpu": self.gpu, "blink": "prediction"}}
         if path is not None:

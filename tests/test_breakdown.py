@@ -113,6 +113,8 @@ def test_memory_curve(train):
     assert 10 < len(curve) <= 512
     assert max(c["allocated_bytes"] for c in curve) == train.peak_allocated_bytes
     assert max(c["reserved_bytes"] for c in curve) == train.peak_reserved_bytes
+    counters = [e for e in train.to_chrome_trace()["traceEvents"] if e["ph"] == "C"]
+    assert len(counters) == len(curve)
     times = [c["t_ms"] for c in curve]
     assert times == sorted(times) and 0 <= times[0] and times[-1] <= train.time_ms
     assert {c["phase"] for c in curve} >= {"forward", "backward", "optimizer"}

@@ -206,3 +206,15 @@ def test_startup_imports_no_model_library(module, argv, heavy):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("HEAVY []"), r.stdout[-500:]
+
+
+def test_collect_on_cpu_is_quiet(tmp_path):
+    exe = Path(sys.executable).parent / "blink"
+    r = subprocess.run([str(exe), "collect", "--preset", "smoke", "--out", str(tmp_path / "d"),
+                        "--device", "cpu", "--limit", "2"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = r.stdout + r.stderr
+    assert "[2/2" in text  # its own progress lines stay
+    for noise in ("USDT", "ERROR", "profiler_start", "Warning"):
+        assert noise not in text, text[-2000:]
