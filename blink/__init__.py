@@ -16,6 +16,7 @@ import types
 from typing import Any
 
 from .errors import (
+    BatchSizeError,
     BlinkError,
     ConfigError,
     DataDependentError,
@@ -39,7 +40,8 @@ _LAZY = {
 _SUBMODULES = ("zoo", "models", "compile", "cost", "hardware", "dryrun", "predict", "cli")
 
 __all__ = [
-    "BlinkError", "ConfigError", "DataDependentError", "MissingMetaKernelError", "Op",
+    "BatchSizeError", "BlinkError", "ConfigError", "DataDependentError",
+    "MissingMetaKernelError", "Op",
     "Prediction", "predict", "predict_trace", "estimate_graph", "compile_report",
     "compile_backend",
     "StorageEvent", "TensorMeta", "Trace", "TraceError", "UnknownGPUError", "UnknownModelError",

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import zoo
-from .errors import ConfigError, TraceError
+from .errors import BatchSizeError, ConfigError, TraceError
 from .trace import _C, Trace, trace
 
 MODES = ("inference", "train")
@@ -71,7 +71,7 @@ def check_input_size(name: str, batch_size: int | None, shapes: Sequence[Sequenc
         total += n * itemsize
     if total > MAX_INPUT_BYTES:
         what = f"batch_size {batch_size}" if batch_size is not None else "the input shape"
-        raise ConfigError(
+        raise BatchSizeError(
             f"{what} is too large for {name}: its inputs alone would take {total / 2**40:.3g} "
             f"TiB, more than any GPU's memory. Use a realistic batch size (e.g. 1-4096)."
         )
@@ -318,7 +318,7 @@ def trace_model(
     except TraceError as exc:
         b = p.meta.get("batch_size")
         if b is not None and "overflow" in str(exc).lower():
-            raise ConfigError(f"batch_size {b} is too large: a tensor of {p.meta['model']} "
+            raise BatchSizeError(f"batch_size {b} is too large: a tensor of {p.meta['model']} "
                               f"would overflow ({exc}). Use a realistic batch size.") from exc
         raise
     return result

@@ -137,7 +137,7 @@ def test_fp16_applies_to_tensors_passed_as_inputs():
     (torch.nn.Linear(8, 8), {"input_shape": (4, 8)}),
 ])
 def test_absurd_batch_size_names_it(model, kw):
-    with pytest.raises(blink.ConfigError, match=r"batch_size 1000000000000 is too large"):
+    with pytest.raises(blink.BatchSizeError, match=r"batch_size 1000000000000 is too large"):
         blink.predict(model, batch_size=10**12, **kw)
 
 
