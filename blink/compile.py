@@ -37,9 +37,10 @@ def _short(op: str) -> str:
 
 def compiled_units(native: Any, gspec: Any, eager_units: list[Any], allow_tf32_matmul: bool,
                    allow_tf32_cudnn: bool) -> tuple[list[Any], list[dict[str, Any]],
-                                                    dict[str, float]]:
+                                                    dict[str, Any]]:
     """The kernels of the compiled graph as units (a fused kernel is one unit named after the
-    ops it fuses), their timeline, and the totals. `eager_units` are predict's UnitRows, in the
+    ops it fuses), their timeline, and the totals (with the storages fused kernels keep in
+    registers, which the memory replay then skips). `eager_units` are predict's UnitRows, in the
     C++ unit order."""
     from .predict import UnitRow
 
@@ -64,7 +65,8 @@ def compiled_units(native: Any, gspec: Any, eager_units: list[Any], allow_tf32_m
                          "phase": row.phase, "host_start_s": hs, "host_end_s": he,
                          "gpu_start_s": gs, "gpu_end_s": ge})
     totals = {"end_to_end_s": raw["compiled_end_to_end_s"], "host_s": raw["compiled_host_s"],
-              "gpu_busy_s": raw["compiled_gpu_busy_s"]}
+              "gpu_busy_s": raw["compiled_gpu_busy_s"],
+              "internal_storages": list(raw["internal_storages"])}
     return units, timeline, totals
 
 

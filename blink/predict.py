@@ -200,7 +200,7 @@ class Prediction:
         ]
         if self.compiled:
             head.append("  compiled   torch.compile (Inductor) first model: fused pointwise / "
-                        "reduction chains, one memory-bound kernel each; memory as eager")
+                        "reduction chains, one memory-bound kernel each, no intermediates")
         if self.flops > 0:
             mfu = (f", MFU {100 * self.mfu:.1f}% of {self.peak_flops_kind} dense peak"
                    if self.peak_flops > 0 else "")
@@ -437,8 +437,6 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     native = t.native()
     cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn)
     workspace = cublas_workspace_bytes(spec)
-    mem = native.memory(expandable_segments=expandable_segments, workspace_bytes=workspace,
-                        external_roles=_resident_roles(t), max_curve_points=CURVE_POINTS)
 
     units = []
     failed = 0
@@ -458,6 +456,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                          "gpu_start_s": gs, "gpu_end_s": ge})
     time_ms = cost["end_to_end_s"] * 1e3
     host_s, gpu_busy_s, lower_s = cost["host_s"], cost["gpu_busy_s"], cost["lower_bound_s"]
+    skip: list[int] = []
     if compiled:
         from .compile import compiled_units
 
@@ -465,8 +464,13 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                                             allow_tf32_matmul, allow_tf32_cudnn)
         time_ms, host_s, gpu_busy_s = c["end_to_end_s"] * 1e3, c["host_s"], c["gpu_busy_s"]
         lower_s = min(lower_s, c["end_to_end_s"])
+        skip = c["internal_storages"]
         notes.append("compiled mode: fused chains are costed as one memory-bound kernel each; "
-                     "memory is eager's (Inductor's buffer reuse is not modelled yet)")
+                     "their intermediates are not allocated (AOTAutograd's recomputation and "
+                     "Inductor's buffer reuse are not modelled yet)")
+    mem = native.memory(expandable_segments=expandable_segments, workspace_bytes=workspace,
+                        external_roles=_resident_roles(t), max_curve_points=CURVE_POINTS,
+                        skip_storages=skip)
     smi = mem["peak_reserved_bytes"] + CUDA_CONTEXT_BYTES
     by_cat = {k: int(v) for k, v in mem["peak_by_category"].items()}
     by_cat["allocator_cache"] = int(mem["peak_reserved_bytes"] - mem["peak_allocated_bytes"])

@@ -161,6 +161,11 @@ def test_compiled_mode_fuses_a_pointwise_chain():
     assert sum(u.bytes for u in eager.units) == 4 * fused[0].bytes
     assert comp.time_ms < eager.time_ms
     assert sum(r.wall_ms for r in comp.breakdown("phase")) == pytest.approx(comp.time_ms)
+    # memory: eager holds x and two intermediates at once; the fused kernel only x and its output
+    mib4 = x.numel() * 4
+    assert eager.peak_allocated_bytes == 3 * mib4
+    assert comp.peak_allocated_bytes == 2 * mib4
+    assert comp.memory_by_category["activations"] == mib4
 
 
 def test_compiled_mode_keeps_gemms_and_cli_says_so(capsys):

@@ -248,6 +248,7 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
     return MemoryCategory::kTemporaries;
   };
   out.temporaries_dropped = static_cast<int64_t>(scratch.size());
+  const std::unordered_set<int64_t> skipped(opts.skip_storages.begin(), opts.skip_storages.end());
   const int64_t workspace_id = next_resident--;
   bool workspace_done = opts.workspace_bytes <= 0;
   // cuBLAS-backed ops (the feature table's GEMM kind): the workspace is allocated on the
@@ -272,7 +273,7 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
       on_malloc(workspace_id, opts.workspace_bytes, static_cast<int>(MemoryCategory::kWorkspace));
       workspace_done = true;
     }
-    if (scratch.count(a.storage)) continue;
+    if (scratch.count(a.storage) || skipped.count(a.storage)) continue;
     if (a.is_free) {
       on_free(a.storage);
     } else {
@@ -450,6 +451,14 @@ CompiledCost compile_trace(const TraceData& trace, const TraceCost& eager, const
   auto op_of = [&](size_t u) -> const OpRecord& {
     return trace.ops[static_cast<size_t>(eager.units[u].op)];
   };
+  // Storages some earlier unit already touched (a kernel's output that a later fused chain
+  // updates in place is not the chain's to keep in registers).
+  std::unordered_set<int64_t> seen;
+  auto mark_seen = [&](size_t u) {
+    const OpRecord& op = op_of(u);
+    each_tensor(op.inputs, [&](const TensorInfo& t) { seen.insert(t.storage); });
+    each_tensor(op.outputs, [&](const TensorInfo& t) { seen.insert(t.storage); });
+  };
   // Which units read each storage.
   std::unordered_map<int64_t, std::vector<size_t>> readers;
   for (size_t u = 0; u < n; ++u) {
@@ -461,7 +470,7 @@ CompiledCost compile_trace(const TraceData& trace, const TraceCost& eager, const
     k.units.assign(group.begin(), group.end());
     k.fused = true;
     std::unordered_set<size_t> members(group.begin(), group.end());
-    std::unordered_set<int64_t> written;
+    std::unordered_set<int64_t> written, fresh;
     std::unordered_map<int64_t, double> reads, writes;
     for (size_t u : group) {
       const OpRecord& op = op_of(u);
@@ -473,6 +482,7 @@ CompiledCost compile_trace(const TraceData& trace, const TraceCost& eager, const
       });
       each_tensor(op.outputs, [&](const TensorInfo& t) {
         written.insert(t.storage);
+        if (t.storage > 0 && !seen.count(t.storage)) fresh.insert(t.storage);
         auto it = readers.find(t.storage);
         bool external = t.storage < 0 || it == readers.end();
         if (!external) {
@@ -487,6 +497,10 @@ CompiledCost compile_trace(const TraceData& trace, const TraceCost& eager, const
       });
       k.flops += eager.units[u].features.flops;
     }
+    for (int64_t sid : fresh) {
+      if (!writes.count(sid)) out.internal_storages.push_back(sid);
+    }
+    for (size_t u : group) mark_seen(u);
     for (const auto& kv : reads) k.bytes += kv.second;
     for (const auto& kv : writes) k.bytes += kv.second;
     k.time_s = fused_kernel_time_s(k.bytes, k.flops, gpu);
@@ -518,6 +532,7 @@ CompiledCost compile_trace(const TraceData& trace, const TraceCost& eager, const
     }
     close_group(group);
     group_writes.clear();
+    mark_seen(u);
     CompiledKernel k;
     k.units = {static_cast<int64_t>(u)};
     k.flops = unit.features.flops;

@@ -354,12 +354,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "memory",
           [](const TraceData& d, bool expandable_segments, int64_t capacity_bytes,
              int64_t workspace_bytes, const std::vector<std::pair<int64_t, int>>& external_roles,
-             int64_t max_curve_points) {
+             int64_t max_curve_points, const std::vector<int64_t>& skip_storages) {
             MemoryOptions o;
             o.sim = sim_options(expandable_segments, capacity_bytes);
             o.workspace_bytes = workspace_bytes;
             o.external_roles = external_roles;
             o.max_curve_points = std::min<int64_t>(std::max<int64_t>(max_curve_points, 0), 100000);
+            o.skip_storages = skip_storages;
             MemoryResult r;
             {
               py::gil_scoped_release release;
@@ -385,7 +386,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("expandable_segments") = false, py::arg("capacity_bytes") = 0,
           py::arg("workspace_bytes") = 0,
           py::arg("external_roles") = std::vector<std::pair<int64_t, int>>{},
-          py::arg("max_curve_points") = 0)
+          py::arg("max_curve_points") = 0,
+          py::arg("skip_storages") = std::vector<int64_t>{})
       .def(
           "compiled",
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn) {
@@ -409,6 +411,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                             e.gpu_start, e.gpu_end));
             }
             out["kernels"] = kernels;
+            out["internal_storages"] = py::cast(cc.internal_storages);
             out["compiled_end_to_end_s"] = cc.end_to_end_s;
             out["compiled_host_s"] = cc.host_s;
             out["compiled_gpu_busy_s"] = cc.gpu_busy_s;

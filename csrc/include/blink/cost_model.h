@@ -79,6 +79,9 @@ struct MemoryOptions {
   int64_t workspace_bytes = 0;  // cuBLAS workspace, allocated at the first GEMM-like unit
   std::vector<std::pair<int64_t, int>> external_roles;  // resident id -> MemoryCategory code
   int64_t max_curve_points = 0;  // > 0: record allocated/reserved over the run, downsampled
+  // Storages the run does not allocate at all (compiled mode: intermediates a fused kernel
+  // keeps in registers, CompiledCost::internal_storages).
+  std::vector<int64_t> skip_storages;
 };
 
 // One point of the memory-over-time curve: the highest allocated value in its stretch of
@@ -139,6 +142,9 @@ struct CompiledKernel {
 
 struct CompiledCost {
   std::vector<CompiledKernel> kernels;
+  // Storages first written inside a fused kernel and read by no unit outside it: Inductor's
+  // kernel keeps them in registers, so a compiled run never allocates them.
+  std::vector<int64_t> internal_storages;
   std::vector<TimelineEvent> timeline;  // one per kernel
   double end_to_end_s = 0.0;
   double host_s = 0.0;
