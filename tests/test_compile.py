@@ -183,3 +183,18 @@ def test_compiled_mode_keeps_gemms_and_cli_says_so(capsys):
     assert main(["predict", "torchvision:resnet18", "-b", "8", "--compiled"]) == 0
     out = capsys.readouterr().out
     assert "compiled" in out.splitlines()[0] and "fused[" in out
+
+
+def test_inductor_example_runs():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "examples" / "inductor_estimator.py")],
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [x for x in r.stdout.splitlines() if x.endswith("us on H100-SXM")]
+    assert any(x.startswith("ExternKernelSchedulerNode") for x in lines) and len(lines) >= 3
