@@ -87,7 +87,10 @@ setup(
                             "dashboard/static/*"]},
     ext_modules=get_extensions(),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    entry_points={"console_scripts": ["blink=blink.cli:main"]},
+    # torch_dynamo_backends: torch.compile(model, backend="blink") finds the backend without
+    # an explicit `import blink.compile` (torch/_dynamo/backends/registry.py reads this group).
+    entry_points={"console_scripts": ["blink=blink.cli:main"],
+                  "torch_dynamo_backends": ["blink=blink.compile:blink_backend"]},
     python_requires=">=3.11",
     zip_safe=False,
 )

@@ -5,38 +5,84 @@ import argparse
 import sys
 from collections.abc import Callable
 
+MODEL_HELP = ("a zoo name (torchvision:resnet50, hf:llama-7b; `blink models`), any "
+              "torchvision:<name> or timm:<name>, hf:path/to/config.json, or "
+              "path/to/model.py:callable (runs your own code; give --input-shape)")
+
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a zoo name such as torchvision:resnet50 or hf:llama-7b "
-                                 "(`blink models` lists them)")
-    p.add_argument("--batch-size", "-b", type=int, required=True)
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("--batch-size", "-b", type=int, default=None)
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (text models)")
+    p.add_argument("--input-shape", action="append", default=None, metavar="DIMS",
+                   help="an input's shape without the batch dimension, e.g. 3,224,224 "
+                        "(dtype suffix for integer inputs: 128:int64); repeat for several "
+                        "inputs. For models that do not define their inputs")
     p.add_argument("--dtype", default="fp32",
                    help="fp32, bf16, fp16, amp-bf16 or amp-fp16 (default fp32)")
     p.add_argument("--mode", choices=["inference", "train"], default="inference")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd or none (train mode)")
     p.add_argument("--gpu", default="H200", help="target GPU (`blink gpus` lists them)")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                   help="write JSON instead of the table (to PATH, or stdout without one)")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON instead of the table (with --out: only to the file)")
+    p.add_argument("--out", "-o", metavar="PATH", default=None,
+                   help="write the JSON to PATH (the table still prints unless --json)")
 
 
 def _emit(a: argparse.Namespace, table: Callable[[], str],
           to_json: Callable[[str | None], str]) -> None:
-    """The table, or JSON to stdout (--json) or to a file (--json PATH)."""
-    if a.json is None:
-        print(table())
-    elif a.json == "-":
+    """The table (or JSON with --json) on stdout; with --out PATH the JSON goes to PATH."""
+    if a.out:
+        to_json(a.out)
+        print(f"wrote {a.out}", file=sys.stderr)
+    if a.json and not a.out:
         sys.stdout.write(to_json(None) + "\n")
-    else:
-        to_json(a.json)
-        print(f"wrote {a.json}")
+    elif not a.json:
+        print(table())
+
+
+def _inputs(a: argparse.Namespace) -> object:
+    """--input-shape values as meta tensors with the batch dimension (-b) first."""
+    if not a.input_shape:
+        return None
+    import torch
+
+    from .errors import ConfigError
+
+    if a.batch_size is None:
+        raise ConfigError("--input-shape needs -b/--batch-size (the batch dimension is added)")
+    dtypes = {"int64": torch.int64, "long": torch.int64, "int32": torch.int32,
+              "float32": torch.float32, "fp32": torch.float32, "bool": torch.bool}
+    out = []
+    for text in a.input_shape:
+        dims_text, _, dt = text.partition(":")
+        try:
+            dims = [int(d) for d in dims_text.replace("x", ",").split(",") if d.strip()]
+        except ValueError:
+            dims = []
+        if not dims or any(d <= 0 for d in dims) or (dt and dt not in dtypes):
+            raise ConfigError(f"bad --input-shape {text!r}: give positive sizes without the batch "
+                              f"dimension, e.g. 3,224,224 or 128:int64 (dtypes: "
+                              f"{', '.join(dtypes)})")
+        from .dryrun import check_input_size
+
+        dtype = dtypes[dt] if dt else torch.float32
+        check_input_size(a.model, a.batch_size, [[a.batch_size, *dims]], dtype.itemsize)
+        out.append(torch.empty(a.batch_size, *dims, dtype=dtype, device="meta"))
+    return tuple(out)
+
+
+def _run_kwargs(a: argparse.Namespace) -> dict:
+    inputs = _inputs(a)
+    return {"inputs": inputs, "batch_size": None if inputs is not None else a.batch_size,
+            "seq_len": a.seq_len, "dtype": a.dtype, "mode": a.mode, "optimizer": a.optimizer,
+            "gpu": a.gpu}
 
 
 def _cmd_trace(a: argparse.Namespace) -> int:
     from .dryrun import trace_model
 
-    t = trace_model(a.model, batch_size=a.batch_size, seq_len=a.seq_len, dtype=a.dtype,
-                    mode=a.mode, optimizer=a.optimizer, gpu=a.gpu)
+    t = trace_model(a.model, **_run_kwargs(a))
     _emit(a, t.summary, t.to_json)
     return 0
 
@@ -44,14 +90,13 @@ def _cmd_trace(a: argparse.Namespace) -> int:
 def _cmd_predict(a: argparse.Namespace) -> int:
     from .predict import predict
 
-    p = predict(a.model, batch_size=a.batch_size, seq_len=a.seq_len, dtype=a.dtype, mode=a.mode,
-                optimizer=a.optimizer, gpu=a.gpu,
+    p = predict(a.model, **_run_kwargs(a),
                 expandable_segments=True if a.expandable_segments else None,
-                host_time=a.host_time)
+                compiled=a.compiled, host_time=a.host_time)
     if a.chrome_trace:
         p.to_chrome_trace(a.chrome_trace)
         print(f"timeline written to {a.chrome_trace} (open in ui.perfetto.dev)", file=sys.stderr)
-    _emit(a, lambda: p.table(max_rows=a.top), p.to_json)
+    _emit(a, lambda: p.table(max_rows=a.top, by=a.by, depth=a.depth), p.to_json)
     return 0
 
 
@@ -60,6 +105,8 @@ def _cmd_models(a: argparse.Namespace) -> int:
 
     for name, e in sorted(ZOO.items()):
         print(f"{name:<32} {e.kind:<8} family={e.family}")
+    print("also: torchvision:<any torchvision.models name>, timm:<any timm model>, "
+          "hf:path/to/config.json, path/to/model.py:callable (see `blink predict --help`)")
     return 0
 
 
@@ -79,7 +126,10 @@ def _cmd_gpus(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="blink", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"blink {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("trace", help="dry-run a model and print its op table")
     _add_run_args(p)
@@ -90,7 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulate PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     p.add_argument("--chrome-trace", metavar="PATH", default=None,
                    help="also write the predicted timeline as a Chrome/Perfetto trace")
-    p.add_argument("--top", type=int, default=15, help="op rows in the table (default 15)")
+    p.add_argument("--top", type=int, default=15, help="rows in the table (default 15)")
+    p.add_argument("--by", choices=["op", "phase", "module", "kind"], default="op",
+                   help="break the time down by op (default), phase, module or unit kind")
+    p.add_argument("--depth", type=int, default=1,
+                   help="module path depth for --by module (default 1)")
+    p.add_argument("--compiled", action="store_true",
+                   help="predict the model under torch.compile (Inductor's fused kernels)")
     p.add_argument("--host-time", choices=("measured", "wall", "table"), default="measured",
                    help="host time per op: measured on this CPU during the dry run (CPU time, "
                         "default), the same on the wall clock, or the deterministic table")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import zoo
-from .errors import ConfigError
+from .errors import BatchSizeError, ConfigError, TraceError
 from .trace import _C, Trace, trace
 
 MODES = ("inference", "train")
@@ -55,6 +55,28 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
+# Inputs larger than this are no batch any GPU could hold (the largest have ~0.2-0.3 TB); such a
+# batch size is a typo, rejected before tensors with overflowing sizes are made.
+MAX_INPUT_BYTES = 1 << 40
+
+
+def check_input_size(name: str, batch_size: int | None, shapes: Sequence[Sequence[int]],
+                     itemsize: int) -> None:
+    """Reject a batch whose inputs alone exceed MAX_INPUT_BYTES, naming the batch size."""
+    total = 0
+    for shape in shapes:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        total += n * itemsize
+    if total > MAX_INPUT_BYTES:
+        what = f"batch_size {batch_size}" if batch_size is not None else "the input shape"
+        raise BatchSizeError(
+            f"{what} is too large for {name}: its inputs alone would take {total / 2**40:.3g} "
+            f"TiB, more than any GPU's memory. Use a realistic batch size (e.g. 1-4096)."
+        )
+
+
 def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A structural copy of `model` whose tensors are new meta tensors; `model` is untouched."""
     memo: dict[int, Any] = {}
@@ -75,13 +97,16 @@ def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
         ) from exc
 
 
-def _to_meta(value: object, where: str) -> object:
+def _to_meta(value: object, where: str, cast: torch.dtype | None = None) -> object:
+    """Meta copies of the input tensors; floating ones become `cast` when given (dtype="fp16"
+    applies to the inputs too, as model.half() and x.half() would on a GPU)."""
     if isinstance(value, torch.Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        dtype = cast if cast is not None and value.is_floating_point() else value.dtype
+        return torch.empty_strided(value.shape, value.stride(), dtype=dtype, device="meta")
     if isinstance(value, Mapping):
-        return {k: _to_meta(v, f"{where}[{k!r}]") for k, v in value.items()}
+        return {k: _to_meta(v, f"{where}[{k!r}]", cast) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_meta(v, f"{where}[{i}]") for i, v in enumerate(value))
+        return type(value)(_to_meta(v, f"{where}[{i}]", cast) for i, v in enumerate(value))
     if value is None or isinstance(value, (int, float, bool, str)):
         return value
     raise ConfigError(f"{where}: unsupported input type {type(value).__name__}; pass tensors, "
@@ -109,6 +134,7 @@ def _shape_inputs(input_shape: object, batch_size: int | None,
             )
         if batch_size is not None:
             dims[0] = batch_size
+        check_input_size("the model", batch_size, [dims], dtype.itemsize)
         out.append(torch.empty(*dims, dtype=dtype, device="meta"))
     return tuple(out)
 
@@ -199,9 +225,21 @@ def prepare(
                               f"{type(model).__name__}; known names: blink.zoo.list_models()")
         net = _meta_copy(model)
         family = type(model).__name__
+        if inputs is None and input_shape is None:
+            from . import models
+
+            found = models.entry_for_module(model)
+            if found is None or batch_size is None:
+                raise models.no_inputs_error(model, batch_size)
+            kwargs = zoo.entry_inputs(found, batch_size, seq_len, param_dtype,
+                                      with_labels=mode == "train")
+            if not found.name.startswith("hf:") and "labels" in kwargs:
+                labels = kwargs.pop("labels")
     if not kwargs:
         if inputs is not None:
-            moved = _to_meta(inputs, "inputs")
+            # fp16 / bf16 apply to floating inputs too; amp-* keeps them fp32 (autocast casts).
+            cast = param_dtype if param_dtype != torch.float32 else None
+            moved = _to_meta(inputs, "inputs", cast)
             if isinstance(moved, Mapping):
                 kwargs = dict(moved)
             elif isinstance(moved, tuple):
@@ -223,9 +261,14 @@ def prepare(
         for p in net.parameters():
             p.requires_grad_(False)
 
+    if batch_size is None:  # a custom model's table shows its batch: the first input's dim 0
+        first = next((v for v in (*args, *kwargs.values())
+                      if isinstance(v, torch.Tensor) and v.dim() > 0), None)
+        batch_size = int(first.shape[0]) if first is not None else None
+    params = sum(q.numel() for q in {id(q): q for q in net.parameters()}.values())
     meta = {
         "model": zoo_name or type(model).__name__, "family": family, "mode": mode,
-        "dtype": dtype_key, "batch_size": batch_size, "seq_len": seq_len,
+        "dtype": dtype_key, "batch_size": batch_size, "seq_len": seq_len, "params": int(params),
         "optimizer": optimizer if mode == "train" else None,
         "torch_version": torch.__version__,
     }
@@ -272,12 +315,32 @@ def trace_model(
         if opt is not None:
             _prime_optimizer_state(opt)
     p.meta["first_step"] = bool(first_step) if mode == "train" else None
-    if warmup:
-        with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta):
+    resident = {"inputs": _tensors((p.args, p.kwargs, p.labels)),
+                "optimizer_state": _tensors(list(opt.state.values())) if opt is not None else []}
+    try:
+        if warmup:
+            with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta, resident=resident):
+                execute(p, loss_fn=loss_fn, optimizer=opt)
+        with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta, resident=resident) as result:
             execute(p, loss_fn=loss_fn, optimizer=opt)
-    with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta) as result:
-        execute(p, loss_fn=loss_fn, optimizer=opt)
+    except TraceError as exc:
+        b = p.meta.get("batch_size")
+        if b is not None and "overflow" in str(exc).lower():
+            raise BatchSizeError(f"batch_size {b} is too large: a tensor of {p.meta['model']} "
+                                 f"would overflow ({exc}). Use a realistic batch size.") from exc
+        raise
     return result
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    """The tensors in nested tuples / lists / dicts, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 def _prime_optimizer_state(opt: torch.optim.Optimizer) -> None:
@@ -324,6 +387,11 @@ def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = N
             del out
             return
         loss = loss_fn(out) if loss_fn is not None else _default_loss(out, p.labels)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            what = (type(loss).__name__ if not isinstance(loss, torch.Tensor)
+                    else f"a tensor of shape {tuple(loss.shape)}")
+            raise ConfigError(f"loss_fn returned {what}; it must return the loss as a "
+                              "one-element tensor, e.g. lambda out: out.logits.float().mean()")
         amp.close()  # autocast covers forward and loss, never backward
         del out
         tracing = _C.tracer_active()

@@ -10,6 +10,12 @@ class ConfigError(BlinkError, ValueError):
     """A bad argument: unknown name, bad shape, dtype or batch size."""
 
 
+class BatchSizeError(ConfigError):
+    """A batch size no GPU could hold (its inputs alone exceed every GPU's memory, or a tensor
+    size overflows); the message names the batch size. Planners searching batch sizes can
+    treat it as "does not fit"."""
+
+
 class UnknownGPUError(ConfigError, KeyError):
     """A GPU name that is not in the hardware table."""
 

@@ -1,6 +1,7 @@
 """`python -m blink.info`: versions, build options and what is available."""
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import platform
 import sys
@@ -33,15 +34,12 @@ def collect() -> dict[str, object]:
         "available" if importlib.util.find_spec("blink._cupti") is not None
         else "not built (optional; needs CUDA + CUPTI headers at build time)"
     )
+    # Versions from package metadata: importing timm / transformers would take seconds.
     for mod in ("torchvision", "timm", "transformers", "xgboost"):
-        spec = importlib.util.find_spec(mod)
-        if spec is None:
+        try:
+            info[mod] = importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:
             info[mod] = "not installed"
-        else:
-            try:
-                info[mod] = getattr(__import__(mod), "__version__", "installed")
-            except Exception as exc:  # noqa: BLE001
-                info[mod] = f"broken: {exc}"
     try:
         from .hardware import list_gpus
 

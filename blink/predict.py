@@ -7,20 +7,22 @@ the interval is not calibrated (see Prediction.interval_method).
 """
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .cost import core_gpu_spec
 from .dryrun import trace_model
-from .errors import ConfigError
+from .errors import BlinkError, ConfigError
 from .hardware import GPUSpec, get_gpu
 from .hosttime import HOST_TIME_MODES, autocast_overhead_s, tracer_overhead
-from .trace import PHASES, Trace, _fmt_bytes
+from .trace import PHASES, RESIDENT_ROLES, Trace, _fmt_bytes
 
 FORMAT_VERSION = 1
 
@@ -96,6 +98,85 @@ class Prediction:
     # Where the replay ran out of memory (fits=False): {"op", "module", "phase", "request_bytes",
     # "reserved_bytes" (reserved when that malloc failed, after the release and retry)}
     oom: dict[str, Any] | None = None
+    # Breakdowns: parameters, total FLOPs, the dense peak the dtype's math runs at, memory by
+    # category at the peak (MEMORY_CATEGORIES; they sum to nvidia_smi_bytes) and over the step.
+    params: int = 0
+    flops: float = 0.0
+    peak_flops: float = 0.0
+    peak_flops_kind: str = ""
+    memory_by_category: dict[str, int] = field(default_factory=dict)
+    memory_curve: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    compiled: bool = False  # costed as torch.compile (Inductor) would run it, see blink.compile
+
+    # -- breakdowns ------------------------------------------------------------------------
+    @property
+    def achieved_tflops(self) -> float:
+        """FLOPs of the step over its predicted time, in TFLOP/s."""
+        return self.flops / (self.time_ms * 1e-3) / 1e12 if self.time_ms > 0 else 0.0
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: achieved FLOP/s over the dense peak of the dtype's math."""
+        return self.flops / (self.time_ms * 1e-3) / self.peak_flops \
+            if self.time_ms > 0 and self.peak_flops > 0 else 0.0
+
+    def _wall_shares(self) -> list[tuple[str, str | None, str, str, float, float, float]]:
+        """(op, module, phase, kind, wall ms, GPU ms, FLOPs) per unit, plus one row per
+        host-only timeline entry. Wall ms splits the end-to-end time: each timeline entry owns
+        the time by which it moves the step's completion (the later of host and GPU end so far),
+        shared among its units by GPU time; so the rows sum to time_ms exactly."""
+        shares: list[tuple[int, float, dict[str, Any]]] = []
+        done = 0.0
+        for e in self.timeline:  # time order
+            end = max(done, e["host_end_s"], e["gpu_end_s"])
+            shares.append((e["op_id"], (end - done) * 1e3, e))
+            done = end
+        shares.sort(key=lambda x: x[0])
+        ids = [x[0] for x in shares]
+        members: list[list[UnitRow]] = [[] for _ in shares]
+        orphans: list[UnitRow] = []
+        for u in self.units:  # a unit belongs to the entry whose op subtree holds it
+            k = bisect.bisect_right(ids, u.op_id) - 1
+            (members[k] if k >= 0 else orphans).append(u)
+        rows: list[tuple[str, str | None, str, str, float, float, float]] = []
+        for (_id, ms, e), us in zip(shares, members, strict=True):
+            gpu = sum(u.time_ms for u in us)
+            if not us:
+                rows.append((e["op"], e["module"], e["phase"], "host only", ms, 0.0, 0.0))
+                continue
+            for u in us:
+                w = ms * (u.time_ms / gpu if gpu > 0 else 1.0 / len(us))
+                rows.append((u.op, u.module, u.phase, u.kind, w, u.time_ms, u.flops))
+        rows += [(u.op, u.module, u.phase, u.kind, 0.0, u.time_ms, u.flops) for u in orphans]
+        return rows
+
+    def breakdown(self, by: str = "op", depth: int = 1) -> list[BreakdownRow]:
+        """Where the time goes, by "op", "phase", "module" (module path cut at `depth`) or
+        "kind": rows of (key, wall ms, GPU ms, units, FLOPs), largest wall time first (phases in
+        step order). Wall ms sums to time_ms; GPU ms to gpu_busy_ms."""
+        if by not in BREAKDOWNS:
+            raise BlinkError(f"unknown breakdown {by!r}; choose one of {', '.join(BREAKDOWNS)}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise BlinkError(f"depth must be a positive integer, not {depth!r}")
+        acc: dict[str, list[float]] = {}
+        for op, module, phase, kind, wall, gpu, flops in self._wall_shares():
+            if by == "op":
+                key = op
+            elif by == "phase":
+                key = phase
+            elif by == "kind":
+                key = kind
+            else:
+                key = "(root)" if not module else ".".join(module.split(".")[:depth])
+            row = acc.setdefault(key, [0.0, 0.0, 0, 0.0])
+            row[0] += wall
+            row[1] += gpu
+            row[2] += 0 if kind == "host only" else 1
+            row[3] += flops
+        out = [BreakdownRow(k, v[0], v[1], int(v[2]), v[3]) for k, v in acc.items()]
+        if by == "phase":
+            return sorted(out, key=lambda r: PHASES.index(r.key) if r.key in PHASES else 9)
+        return sorted(out, key=lambda r: -r.wall_ms)
 
     # -- views -----------------------------------------------------------------------------
     def by_op(self) -> list[tuple[str, int, float]]:
@@ -114,30 +195,74 @@ class Prediction:
             acc[key] = acc.get(key, 0.0) + u.time_ms
         return sorted(acc.items(), key=lambda kv: -kv[1])
 
-    def table(self, max_rows: int = 15) -> str:
+    def table(self, max_rows: int = 15, by: str = "op", depth: int = 1) -> str:
+        """The prediction as text: totals, compute, memory at the peak by category, time by
+        phase, and the top `max_rows` rows of breakdown(by, depth)."""
         bound = "launch-bound (CPU)" if self.host_ms >= self.gpu_busy_ms else "GPU-bound"
+        batch = "?" if self.batch_size is None else self.batch_size
+        mode = f"{self.mode}, compiled" if self.compiled else self.mode
         head = [
-            f"blink predict: {self.model} on {self.gpu} ({self.mode}, {self.dtype}, "
-            f"batch {self.batch_size}{'' if self.seq_len is None else f', seq {self.seq_len}'})",
+            f"blink predict: {self.model} on {self.gpu} ({mode}, {self.dtype}, "
+            f"batch {batch}{'' if self.seq_len is None else f', seq {self.seq_len}'})",
             f"  time       {self.time_ms:10.3f} ms   [{self.lower_ms:.3f} .. {self.upper_ms:.3f}]"
             f"  {bound}: host {self.host_ms:.3f} ms, GPU busy {self.gpu_busy_ms:.3f} ms",
+        ]
+        if self.compiled:
+            head.append("  compiled   torch.compile (Inductor) first model: fused pointwise / "
+                        "reduction chains, one memory-bound kernel each, no intermediates")
+        if self.flops > 0:
+            mfu = (f", MFU {100 * self.mfu:.1f}% of {self.peak_flops_kind} dense peak"
+                   if self.peak_flops > 0 else "")
+            head.append(f"  compute    {_fmt_count(self.params)} params, "
+                        f"{_fmt_flops(self.flops)}, achieved "
+                        f"{_fmt_flops(self.achieved_tflops * 1e12)}/s{mfu}")
+        head.append(
             f"  memory     peak allocated {_fmt_bytes(self.peak_allocated_bytes)}, "
             f"peak reserved {_fmt_bytes(self.peak_reserved_bytes)}, nvidia-smi ~"
             f"{_fmt_bytes(self.nvidia_smi_bytes)} of {_fmt_bytes(self.gpu_memory_bytes)}"
             f"{_budget_text(self.memory_budget_bytes, self.gpu_memory_bytes)}"
-            f"{'' if self.fits else '  (DOES NOT FIT: ' + _oom_text(self.oom) + ')'}",
-            f"  resident   weights+inputs {_fmt_bytes(self.resident_bytes)}, cuBLAS workspace "
-            f"{_fmt_bytes(self.workspace_bytes)}, CUDA context ~{_fmt_bytes(self.context_bytes)}",
-            f"  interval   {self.interval_method}",
-            "",
-            f"  {'op':<46} {'units':>6} {'ms':>10} {'share':>7}",
-        ]
-        total = sum(u.time_ms for u in self.units) or 1.0
-        for name, n, ms in self.by_op()[:max_rows]:
-            head.append(f"  {name:<46} {n:>6} {ms:>10.3f} {100 * ms / total:>6.1f}%")
+            f"{'' if self.fits else '  (DOES NOT FIT: ' + _oom_text(self.oom) + ')'}")
+        cats = self.memory_by_category
+        if cats:
+            parts = [f"{k.replace('_', ' ')} {_fmt_bytes(v)}" for k, v in cats.items() if v]
+            head.append("  at peak    " + ", ".join(parts))
+        else:
+            head.append(f"  resident   {_fmt_bytes(self.resident_bytes)} (weights, inputs and "
+                        f"any optimizer state), cuBLAS workspace "
+                        f"{_fmt_bytes(self.workspace_bytes)}, CUDA context "
+                        f"~{_fmt_bytes(self.context_bytes)}")
+        phases = self.breakdown("phase")
+        if len(phases) > 1 or self.mode == "train":
+            total = self.time_ms or 1.0
+            head.append("  phases     " + ", ".join(
+                f"{r.key} {r.wall_ms:.3f} ms ({100 * r.wall_ms / total:.0f}%)" for r in phases))
+        head.append(f"  interval   {self.interval_method}")
+        rows = self.breakdown(by, depth) if by != "phase" else phases
+        label = {"op": "op", "phase": "phase", "kind": "kind",
+                 "module": f"module (depth {depth})"}[by]
+        width = min(max([len(label)] + [len(r.key) for r in rows[:max_rows]]), _MAX_KEY)
+        head += ["", f"  {label:<{width}} {'units':>6} {'wall ms':>10} {'GPU ms':>10} "
+                     f"{'share':>7}"]
+        total = self.time_ms or 1.0
+        for r in rows[:max_rows]:
+            head.append(f"  {_fit(r.key, width):<{width}} {r.units:>6} {r.wall_ms:>10.3f} "
+                        f"{r.gpu_ms:>10.3f} {100 * r.wall_ms / total:>6.1f}%")
+        if len(rows) > max_rows:
+            rest = rows[max_rows:]
+            head.append(f"  {'(' + str(len(rest)) + ' more)':<{width}} "
+                        f"{sum(r.units for r in rest):>6} {sum(r.wall_ms for r in rest):>10.3f} "
+                        f"{sum(r.gpu_ms for r in rest):>10.3f} "
+                        f"{100 * sum(r.wall_ms for r in rest) / total:>6.1f}%")
         for note in self.notes:
             head.append(f"  note: {note}")
         return "\n".join(head)
+
+    def __repr__(self) -> str:
+        # Small on purpose: a notebook shows this, and units / timeline can be 100k entries.
+        return (f"<blink.Prediction {self.model} on {self.gpu} ({self.mode}, {self.dtype}, "
+                f"batch {self.batch_size}{', compiled' if self.compiled else ''}): "
+                f"{self.time_ms:.3f} ms, peak reserved {_fmt_bytes(self.peak_reserved_bytes)}, "
+                f"{len(self.units)} units>")
 
     def __str__(self) -> str:
         return self.table()
@@ -156,6 +281,38 @@ class Prediction:
                 f.write(text)
         return text
 
+    @classmethod
+    def from_json(cls, source: str | os.PathLike[str]) -> Prediction:
+        """Load what to_json wrote (a JSON string or a file path)."""
+        text = str(source)
+        where = "the JSON text"
+        if not text.lstrip().startswith("{"):
+            where = text
+            try:
+                with open(text, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as exc:
+                raise BlinkError(f"cannot read prediction file {where}: {exc}") from exc
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BlinkError(f"{where} is not a blink prediction: invalid JSON ({exc})") from exc
+        if not isinstance(doc, dict) or doc.get("format") != "blink.prediction":
+            raise BlinkError(f"{where} is not a blink prediction (no \"format\": "
+                             "\"blink.prediction\")")
+        if doc.get("format_version") != FORMAT_VERSION:
+            raise BlinkError(f"{where} has prediction format_version "
+                             f"{doc.get('format_version')!r}; this blink reads {FORMAT_VERSION}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unit_names = {f.name for f in dataclasses.fields(UnitRow)}
+        try:
+            fields = {k: v for k, v in doc.items() if k in names}
+            fields["units"] = [UnitRow(**{k: v for k, v in u.items() if k in unit_names})
+                               for u in doc.get("units", [])]
+            return cls(**fields)
+        except (TypeError, AttributeError) as exc:
+            raise BlinkError(f"{where} is a damaged blink prediction: {exc}") from exc
+
     def to_chrome_trace(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """The predicted timeline as a Chrome / Perfetto trace (load in ui.perfetto.dev)."""
         events: list[dict[str, Any]] = [
@@ -173,6 +330,10 @@ class Prediction:
                                "ts": ev["gpu_start_s"] * us,
                                "dur": (ev["gpu_end_s"] - ev["gpu_start_s"]) * us,
                                "args": {"module": ev["module"], "phase": ev["phase"]}})
+        for c in self.memory_curve:  # counter tracks: memory over the step
+            events.append({"ph": "C", "pid": 1, "name": "GPU memory", "ts": c["t_ms"] * 1e3,
+                           "args": {"allocated MiB": c["allocated_bytes"] / 2**20,
+                                    "reserved MiB": c["reserved_bytes"] / 2**20}})
         doc = {"traceEvents": events, "displayTimeUnit": "ms",
                "otherData": {"model": self.model, "gpu": self.gpu, "blink": "prediction"}}
         if path is not None:
@@ -195,7 +356,8 @@ def _oom_text(oom: dict[str, Any] | None) -> str:
 
 
 def replay_memory(native: Any, *, capacity_bytes: int, expandable_segments: bool,
-                  workspace_bytes: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                  workspace_bytes: int,
+                  **extra: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The allocator replay of a trace as a run limited to `capacity_bytes` would see it.
 
     Unlimited first: when its peak reserved stays within the capacity the limit never bites and
@@ -203,13 +365,15 @@ def replay_memory(native: Any, *, capacity_bytes: int, expandable_segments: bool
     simulator does what c10/cuda/CUDACachingAllocator.cpp's malloc does on a failed cudaMalloc
     (release_cached_blocks(), then one retry) before it declares OOM. Returns the stats and,
     on OOM, where it happened (the stats are then the unlimited ones: what the run would need).
+    `extra` goes to every replay (resident roles, the curve, storages compiled mode skips).
     """
     mem = native.memory(expandable_segments=expandable_segments,
-                        workspace_bytes=workspace_bytes)
+                        workspace_bytes=workspace_bytes, **extra)
     if mem["peak_reserved_bytes"] <= capacity_bytes:
         return mem, None
     capped = native.memory(expandable_segments=expandable_segments,
-                           capacity_bytes=capacity_bytes, workspace_bytes=workspace_bytes)
+                           capacity_bytes=capacity_bytes, workspace_bytes=workspace_bytes,
+                           **extra)
     if not capped["oom"]:
         return capped, None
     label = capped["oom_label"]
@@ -230,16 +394,101 @@ def _memory_budget(spec: GPUSpec, memory_budget: object) -> int:
     return budget
 
 
+BREAKDOWNS = ("op", "phase", "module", "kind")
+# Memory at the peak, by what it holds. The first seven are allocated bytes (C++:
+# blink::MemoryCategory, summing to peak_allocated_bytes); allocator_cache is reserved but not
+# allocated at the reserved peak; cuda_context is outside the allocator (nvidia-smi only).
+MEMORY_CATEGORIES = ("weights", "inputs", "optimizer_state", "gradients", "activations",
+                     "workspace", "temporaries", "allocator_cache", "cuda_context")
+_MAX_KEY = 60
+
+
+class BreakdownRow(NamedTuple):
+    key: str
+    wall_ms: float
+    gpu_ms: float
+    units: int
+    flops: float
+
+
+def _fit(text: str, width: int) -> str:
+    """`text` in `width` characters: long names keep their start and end."""
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: keep - keep // 3] + "…" + text[len(text) - keep // 3:]
+
+
+def _fmt_flops(n: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} FLOP"
+
+
+def _fmt_count(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f}"
+
+
+def _peak_flops(spec: GPUSpec, dtype: str, tf32: bool) -> tuple[float, str]:
+    """The dense tensor-core (or FP32) peak the dtype's GEMMs run at, for MFU."""
+    key = {"bf16": "bf16", "amp-bf16": "bf16", "fp16": "fp16", "amp-fp16": "fp16"}.get(
+        dtype, "tf32" if tf32 else "fp32")
+    value = spec.peak_flops.get(key) or 0.0
+    if not value and key == "tf32":
+        key, value = "fp32", spec.peak_flops.get("fp32") or 0.0
+    return float(value), key
+
+
+def _resident_roles(t: Trace) -> list[tuple[int, int]]:
+    """(resident storage id, blink::MemoryCategory code) from the trace's run-length roles."""
+    out: list[tuple[int, int]] = []
+    sid = -1
+    for entry in t.meta.get("resident_roles") or []:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2
+                and entry[0] in RESIDENT_ROLES and isinstance(entry[1], int)
+                and 0 <= entry[1] <= 10**7):
+            raise BlinkError(f"the trace's meta.resident_roles entry {entry!r} is damaged")
+        code = RESIDENT_ROLES.index(entry[0])
+        for _ in range(entry[1]):
+            out.append((sid, code))
+            sid -= 1
+    return out
+
+
+def _memory_curve(curve: list[tuple[int, int, int, int]],
+                  timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Curve points with a time: allocations happen when the host issues the op."""
+    ids = [e["op_id"] for e in timeline]
+    out: list[dict[str, Any]] = []
+    t_ms = 0.0
+    for op, phase, allocated, reserved in curve:
+        if op >= 0 and ids:
+            k = bisect.bisect_right(ids, op) - 1
+            if k >= 0:  # events are in program order; an op's parent may own a later one
+                t_ms = max(t_ms, timeline[k]["host_start_s"] * 1e3)
+        out.append({"t_ms": t_ms, "op_id": op, "phase": PHASES[phase] if phase >= 0 else None,
+                    "allocated_bytes": allocated, "reserved_bytes": reserved})
+    return out
+
+
+CURVE_POINTS = 512
+
+
 def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | None = None,
                   allow_tf32_matmul: bool | None = None,
                   allow_tf32_cudnn: bool | None = None,
                   cudnn_benchmark: bool | None = None,
                   host_time: str = "measured",
-                  memory_budget: int | None = None) -> Prediction:
+                  memory_budget: int | None = None, compiled: bool = False) -> Prediction:
     """Cost an existing trace on `gpu`. TF32 and cuDNN-benchmark flags default to torch's
     current settings (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
     torch.backends.cudnn.benchmark). memory_budget: bytes the run may use on the device, CUDA
-    context included (default: the GPU's memory).
+    context included (default: the GPU's memory). compiled=True costs the graph torch.compile's
+    Inductor would run (blink.compile.compiled_units).
 
     host_time="measured" (default): each op's host time is the caller's work the dry run
     measured on this CPU before it (Python, module calls, autograd engine, optimizer loop; less
@@ -290,10 +539,6 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, "table",
                            cudnn_benchmark=cudnn_benchmark)
     workspace = cublas_workspace_bytes(spec)
-    budget = _memory_budget(spec, memory_budget)
-    mem, oom = replay_memory(native, capacity_bytes=budget - CUDA_CONTEXT_BYTES,
-                             expandable_segments=bool(expandable_segments),
-                             workspace_bytes=workspace)
 
     units = []
     failed = 0
@@ -314,13 +559,39 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                          "gpu_start_s": gs, "gpu_end_s": ge, "caller_s": caller_s,
                          "dispatch_s": dispatch_s})
     time_ms = cost["end_to_end_s"] * 1e3
+    host_s, gpu_busy_s, lower_s = cost["host_s"], cost["gpu_busy_s"], cost["lower_bound_s"]
+    skip: list[int] = []
+    if compiled:
+        from .compile import compiled_units
+
+        units, timeline, c = compiled_units(native, core_gpu_spec(spec), units,
+                                            allow_tf32_matmul, allow_tf32_cudnn)
+        time_ms, host_s, gpu_busy_s = c["end_to_end_s"] * 1e3, c["host_s"], c["gpu_busy_s"]
+        lower_s = min(lower_s, c["end_to_end_s"])
+        skip = c["internal_storages"]
+        notes.append("compiled mode: fused chains are costed as one memory-bound kernel each; "
+                     "their intermediates are not allocated (AOTAutograd's recomputation and "
+                     "Inductor's buffer reuse are not modelled yet)")
+    budget = _memory_budget(spec, memory_budget)
+    mem, oom = replay_memory(native, capacity_bytes=budget - CUDA_CONTEXT_BYTES,
+                             expandable_segments=bool(expandable_segments),
+                             workspace_bytes=workspace, external_roles=_resident_roles(t),
+                             max_curve_points=CURVE_POINTS, skip_storages=skip)
     smi = mem["peak_reserved_bytes"] + CUDA_CONTEXT_BYTES
+    by_cat = {k: int(v) for k, v in mem["peak_by_category"].items()}
+    by_cat["allocator_cache"] = int(mem["peak_reserved_bytes"] - mem["peak_allocated_bytes"])
+    by_cat["cuda_context"] = CUDA_CONTEXT_BYTES
+    # fp32 GEMMs / convolutions run on TF32 tensor cores when either flag allows it (cuDNN's
+    # is on by default), so MFU is then against the TF32 peak.
+    peak, peak_kind = _peak_flops(spec, str(t.meta.get("dtype", "fp32")),
+                                  allow_tf32_matmul or allow_tf32_cudnn)
+    params = t.meta.get("params")
     return Prediction(
         model=str(t.meta.get("model", "?")), gpu=spec.name, mode=str(t.meta.get("mode", "?")),
         dtype=str(t.meta.get("dtype", "?")), batch_size=t.meta.get("batch_size"),
         seq_len=t.meta.get("seq_len"), time_ms=time_ms,
-        lower_ms=min(cost["lower_bound_s"] * 1e3, time_ms), upper_ms=time_ms * _UPPER_FACTOR,
-        host_ms=cost["host_s"] * 1e3, gpu_busy_ms=cost["gpu_busy_s"] * 1e3,
+        lower_ms=min(lower_s * 1e3, time_ms), upper_ms=time_ms * _UPPER_FACTOR,
+        host_ms=host_s * 1e3, gpu_busy_ms=gpu_busy_s * 1e3,
         peak_allocated_bytes=int(mem["peak_allocated_bytes"]),
         peak_reserved_bytes=int(mem["peak_reserved_bytes"]), nvidia_smi_bytes=int(smi),
         context_bytes=CUDA_CONTEXT_BYTES, resident_bytes=int(mem["resident_bytes"]),
@@ -329,6 +600,10 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         gpu_memory_bytes=spec.memory_bytes,
         fits=oom is None, notes=notes, memory_budget_bytes=budget,
         alloc_retries=int(mem["num_alloc_retries"]), oom=oom,
+        params=int(params) if isinstance(params, int) else 0,
+        flops=float(sum(u.flops for u in units)), peak_flops=peak, peak_flops_kind=peak_kind,
+        memory_by_category={k: by_cat.get(k, 0) for k in MEMORY_CATEGORIES},
+        memory_curve=_memory_curve(mem["curve"], timeline), compiled=compiled,
     )
 
 
@@ -349,6 +624,7 @@ def predict(
     first_step: bool = False,
     host_time: str = "measured",
     memory_budget: int | None = None,
+    compiled: bool = False,
 ) -> Prediction:
     """Predict time and memory of `model` on `gpu` without running it there.
 
@@ -359,6 +635,7 @@ def predict(
     (deterministic); see predict_trace.
     memory_budget: bytes the run may use on the GPU, CUDA context included (default: all of
     it); `fits` says whether the allocator replay stays within it without an out-of-memory.
+    compiled=True predicts the model under torch.compile (Inductor's fused kernels).
     """
     if host_time not in HOST_TIME_MODES:
         raise ConfigError(f"host_time must be one of {', '.join(HOST_TIME_MODES)}, "
@@ -370,4 +647,4 @@ def predict(
                     gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step,
                     warmup=host_time != "table")
     return predict_trace(t, spec.name, expandable_segments=expandable_segments,
-                         host_time=host_time, memory_budget=memory_budget)
+                         host_time=host_time, memory_budget=memory_budget, compiled=compiled)

@@ -32,6 +32,8 @@ from .errors import BlinkError, DataDependentError, MissingMetaKernelError, Trac
 FORMAT_VERSION = 3
 _READABLE_VERSIONS = (2, 3)
 PHASES = ("forward", "backward", "optimizer")
+# Roles of resident storages, in the order of blink::MemoryCategory's first codes.
+RESIDENT_ROLES = ("weights", "inputs", "optimizer_state")
 _PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
 
 # Argument kinds, in the order of blink::ArgKind (csrc/include/blink/trace_types.h).
@@ -412,7 +414,17 @@ class Trace:
         if bad is not None:
             raise BlinkError(f"{where}: op record {bad} is not a list of {width} fields, as "
                              f"trace format_version {version} has")
-        return cls(raw, doc.get("meta", {}))
+        meta = doc.get("meta", {})
+        if not isinstance(meta, dict):
+            raise BlinkError(f"{where} is a damaged blink trace: \"meta\" is not an object")
+        t = cls(raw, meta)
+        # Check every record now (in C++, before anything indexes with them), so a damaged file
+        # fails here with the record it is in.
+        try:
+            t.native()
+        except BlinkError as exc:
+            raise BlinkError(f"{where} is a damaged blink trace: {exc}") from exc
+        return t
 
 
 _SUMMARY_META = ("model", "mode", "dtype", "batch_size", "seq_len", "gpu", "sdpa")
@@ -456,7 +468,8 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
 
     def __init__(self, model: torch.nn.Module | None = None, *, gpu: str = "H200",
                  sdpa: str = "auto", nonzero: str = "error", record_all: bool = False,
-                 meta: dict[str, Any] | None = None, timing_only: bool = False) -> None:
+                 meta: dict[str, Any] | None = None, timing_only: bool = False,
+                 resident: dict[str, list[torch.Tensor]] | None = None) -> None:
         from . import sdpa as _sdpa
         from .hardware import get_gpu
 
@@ -475,6 +488,13 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
         self.result = Trace(meta={"gpu": self._gpu.name, "sdpa": sdpa, **(meta or {})})
         self._undo: list[Any] = []
         self._stack: list[str] = []
+        # Tensors that exist before the run, by role ("inputs", "optimizer_state"); the model's
+        # parameters and buffers are "weights". Registered first, so the memory breakdown
+        # knows which resident storage is which (RESIDENT_ROLES).
+        for role in resident or {}:
+            if role not in RESIDENT_ROLES:
+                raise BlinkError(f"unknown resident role {role!r}; use one of {RESIDENT_ROLES}")
+        self._resident = dict(resident or {})
 
     def __enter__(self) -> Trace:
         if _C.tracer_active():
@@ -485,7 +505,34 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
         except BaseException:
             self._uninstall()
             raise
+        try:
+            self._register_resident()
+        except BaseException:
+            _C.tracer_stop()
+            self._uninstall()
+            raise
         return self.result
+
+    def _register_resident(self) -> None:
+        groups: list[tuple[str, list[torch.Tensor]]] = []
+        if self._model is not None:
+            groups.append(("weights", [*self._model.parameters(), *self._model.buffers()]))
+        groups += list(self._resident.items())
+        runs: list[list[Any]] = []
+        count = 0
+        for role, tensors in groups:
+            for t in tensors:
+                if not isinstance(t, torch.Tensor) or t.device.type != "meta":
+                    continue
+                sid = _C.tracer_register_external(t)
+                if sid == -(count + 1):  # a new resident storage (tied weights share one)
+                    count += 1
+                    if runs and runs[-1][0] == role:
+                        runs[-1][1] += 1
+                    else:
+                        runs.append([role, 1])
+        # Run-length roles of resident ids -1, -2, ...: [[role, count], ...]
+        self.result.meta["resident_roles"] = runs
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: object) -> bool:

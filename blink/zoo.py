@@ -2,6 +2,8 @@
 
 Names: ``torchvision:resnet50``, ``timm:convnext_tiny``, ``hf:llama-7b``. transformers models
 come from the small config files in ``blink/zoo_configs/`` (nothing is fetched from a hub).
+Beyond the named entries, any torchvision or timm model, a transformers config file and a
+Python file's builder are accepted (``blink.models``).
 """
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError, UnknownModelError
+from .errors import ConfigError
 
 VISION, TEXT, SEQ2SEQ = "vision", "text", "seq2seq"
+VIDEO, CUSTOM = "video", "custom"  # CUSTOM: no defined inputs (give input_shape / inputs)
 
 
 @dataclass(frozen=True)
@@ -54,22 +57,32 @@ def hf_config(config_name: str) -> dict[str, Any]:
     return json.loads(text)
 
 
+HF_TASKS = ("causal-lm", "masked-lm", "seq2seq", "image-classification",
+            "sequence-classification", "base")
+
+
+def build_hf(raw: dict[str, Any]) -> torch.nn.Module:
+    """A transformers model at random init from a config dict (``_task`` picks the head)."""
+    import transformers
+
+    task = raw["_task"]
+    fields = {k: v for k, v in raw.items() if not k.startswith("_") and k != "model_type"}
+    cfg = transformers.AutoConfig.for_model(raw["model_type"], **fields)
+    auto = {
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+        "image-classification": transformers.AutoModelForImageClassification,
+        "sequence-classification": transformers.AutoModelForSequenceClassification,
+        "base": transformers.AutoModel,
+    }[task]
+    # sdpa: the attention PyTorch users run on GPUs, and what blink.sdpa reroutes.
+    return auto.from_config(cfg, attn_implementation="sdpa")
+
+
 def _hf(config_name: str) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
-        import transformers
-
-        raw = hf_config(config_name)
-        task = raw["_task"]
-        fields = {k: v for k, v in raw.items() if not k.startswith("_") and k != "model_type"}
-        cfg = transformers.AutoConfig.for_model(raw["model_type"], **fields)
-        auto = {
-            "causal-lm": transformers.AutoModelForCausalLM,
-            "masked-lm": transformers.AutoModelForMaskedLM,
-            "seq2seq": transformers.AutoModelForSeq2SeqLM,
-            "image-classification": transformers.AutoModelForImageClassification,
-        }[task]
-        # sdpa: the attention PyTorch users run on GPUs, and what blink.sdpa reroutes.
-        return auto.from_config(cfg, attn_implementation="sdpa")
+        return build_hf(hf_config(config_name))
 
     return build
 
@@ -114,16 +127,14 @@ def is_zoo_name(name: object) -> bool:
 
 
 def get_entry(name: str) -> ZooEntry:
+    """The entry for a zoo name or any name blink.models resolves (torchvision:<any>,
+    timm:<any>, hf:path/to/config.json, path/to/model.py:callable); raises UnknownModelError
+    with close matches."""
     entry = ZOO.get(name)
     if entry is None:
-        import difflib
+        from . import models
 
-        close = difflib.get_close_matches(name, list(ZOO), n=3, cutoff=0.5)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise UnknownModelError(
-            f"unknown model {name!r}.{hint} Known models: {', '.join(list_models())}. "
-            "Or pass your own torch.nn.Module."
-        )
+        entry = models.resolve(name)
     return entry
 
 
@@ -142,13 +153,36 @@ def build(name: str) -> torch.nn.Module:
 def make_inputs(name: str, batch_size: int, seq_len: int | None, float_dtype: torch.dtype,
                 *, with_labels: bool) -> dict[str, torch.Tensor]:
     """Meta-device keyword inputs for a zoo model (labels too when a loss is wanted)."""
-    entry = get_entry(name)
+    return entry_inputs(get_entry(name), batch_size, seq_len, float_dtype,
+                        with_labels=with_labels)
+
+
+def entry_inputs(entry: ZooEntry, batch_size: int, seq_len: int | None,
+                 float_dtype: torch.dtype, *, with_labels: bool) -> dict[str, torch.Tensor]:
+    """Meta-device keyword inputs for an entry's kind (see make_inputs)."""
+    name = entry.name
     dev = "meta"
+    if entry.kind == CUSTOM:
+        raise ConfigError(
+            f"{name} does not define its inputs: pass input_shape=(batch, ...) or inputs=, "
+            "or on the command line --input-shape 3,224,224 -b 16")
+    from .dryrun import check_input_size
+
+    if entry.kind == VIDEO:
+        if seq_len is not None:
+            raise ConfigError(f"{name} is a video model; --seq-len does not apply to it")
+        shape = (batch_size, 3, 16, entry.image_size, entry.image_size)
+        check_input_size(name, batch_size, [shape], float_dtype.itemsize)
+        out = {"x": torch.empty(*shape, dtype=float_dtype, device=dev)}
+        if with_labels:
+            out["labels"] = torch.empty(batch_size, dtype=torch.long, device=dev)
+        return out
     if entry.kind == VISION:
         if seq_len is not None:
             raise ConfigError(f"{name} is a vision model; --seq-len does not apply to it")
-        x = torch.empty(batch_size, 3, entry.image_size, entry.image_size, dtype=float_dtype,
-                        device=dev)
+        shape = (batch_size, 3, entry.image_size, entry.image_size)
+        check_input_size(name, batch_size, [shape], float_dtype.itemsize)
+        x = torch.empty(*shape, dtype=float_dtype, device=dev)
         key = "pixel_values" if name.startswith("hf:") else "x"
         out = {key: x}
         if with_labels:
@@ -160,6 +194,7 @@ def make_inputs(name: str, batch_size: int, seq_len: int | None, float_dtype: to
             f"seq_len {length} is longer than {name}'s {entry.max_seq_len} position embeddings; "
             f"use seq_len <= {entry.max_seq_len}"
         )
+    check_input_size(name, batch_size, [(batch_size, length)] * 3, 8)
     ids = torch.empty(batch_size, length, dtype=torch.long, device=dev)
     out = {"input_ids": ids}
     if entry.kind == SEQ2SEQ:

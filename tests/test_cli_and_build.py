@@ -25,7 +25,7 @@ def test_cli_trace_table(capsys):
 def test_cli_trace_json(tmp_path, capsys):
     path = tmp_path / "t.json"
     assert main(["trace", "hf:gpt2", "-b", "1", "--seq-len", "16", "--dtype", "bf16",
-                 "--mode", "train", "--json", str(path)]) == 0
+                 "--mode", "train", "--out", str(path)]) == 0
     doc = json.loads(path.read_text())
     assert doc["format"] == "blink.trace" and doc["meta"]["dtype"] == "bf16"
     t = blink.Trace.from_json(path)
@@ -59,7 +59,8 @@ def test_load_error_names_versions(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     # Drop the editable-install finder so that the copy, not the checkout, is imported.
     code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
-            "if 'editable' not in repr(f).lower()]; import blink; print(blink.__file__)")
+            "if 'editable' not in repr(f).lower()]; import blink; print(blink.__file__); "
+            "blink.Trace")  # attributes load lazily: the first use loads the extension
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                          text=True, env=env, cwd=tmp_path)
     assert out.returncode != 0

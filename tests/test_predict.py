@@ -172,7 +172,7 @@ def test_errors():
 def test_cli_predict(tmp_path, capsys):
     out = tmp_path / "p.json"
     tl = tmp_path / "tl.json"
-    assert main(["predict", "hf:gpt2", "-b", "1", "--seq-len", "32", "--gpu", "L4", "--json",
+    assert main(["predict", "hf:gpt2", "-b", "1", "--seq-len", "32", "--gpu", "L4", "--out",
                  str(out), "--chrome-trace", str(tl)]) == 0
     doc = json.loads(out.read_text())
     assert doc["gpu"] == "L4" and doc["format"] == "blink.prediction"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import inspect
 import math
+import os
 import statistics
 import time
 import warnings
@@ -178,6 +179,10 @@ def cpu_trace(call: Call, reps: int, unit_names: set[str]) -> TraceSummary:
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
+    # kineto logs every profiler start / stop ("USDT: ... profiler_start") and, with no GPU, an
+    # "ERROR: gpuGetDeviceCount failed" line to stderr; on a CPU run that is noise. It reads the
+    # level when the first profiler starts; a level the user set is kept.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     marks = _PhaseMarks()
     with warnings.catch_warnings():
         # torch 2.11 warns that a profiler without a schedule keeps one cycle: that is all we use

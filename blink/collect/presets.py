@@ -11,12 +11,19 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
+from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError
-from .ops import FAMILIES, grid
 
 SEED = 0
+
+
+def _ops_module() -> ModuleType:
+    # Imported on use, since it imports torch: `blink --help` lists the preset names without it.
+    from . import ops
+
+    return ops
 
 
 @dataclass(frozen=True)
@@ -161,7 +168,7 @@ def _ops(families: dict[str, int], dtypes: list[str], *, scale: float = 1.0,
         for dtype in dtypes:
             if dtype == "tf32" and family not in _TF32_FAMILIES:
                 continue  # the same kernels as fp32
-            for p in grid(family, n, seed=seed, scale=scale):
+            for p in _ops_module().grid(family, n, seed=seed, scale=scale):
                 out.append(OpRun(family, tuple(sorted(p.items())), dtype))
     return out
 
@@ -204,7 +211,7 @@ def _h200() -> Preset:
                         ["bf16", "fp32"], ["inference", "train"])
               + _models(["hf:gpt2", "hf:bert-base"], [1, 8], ["bf16"],
                         ["inference", "train"], [128, 512]))
-    fams = {f: 12 for f in FAMILIES}
+    fams = {f: 12 for f in _ops_module().FAMILIES}
     fams.update({"mm": 40, "linear": 24, "conv2d": 24, "sdpa": 24, "bmm": 16})
     fams.update({f: 8 for f in ("add", "mul", "gelu", "relu", "sum", "mean")})
     ops = _ops(fams, ["bf16", "fp32", "tf32"])
@@ -219,7 +226,7 @@ def _full() -> Preset:
                       ["inference", "train"])
               + _models(_TEXT, [1, 2, 4, 8, 16, 32, 64], ["fp32", "bf16"],
                         ["inference", "train"], [128, 256, 512, 1024]))
-    fams = {f: 200 for f in FAMILIES}
+    fams = {f: 200 for f in _ops_module().FAMILIES}
     fams.update({"mm": 600, "linear": 400, "conv2d": 400, "sdpa": 300, "bmm": 300})
     return Preset("full", "the zoo from batch 1 to 256, sequence lengths 128-1024, fp32 and "
                   "bf16, inference and training, and the full op grids (hours; resumable)",

@@ -1,8 +1,9 @@
 #include "blink/cost_model.h"
 
 #include <algorithm>
-#include <utility>
+#include <cmath>
 #include <tuple>
+#include <utility>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -263,10 +264,58 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& spe
   return out;
 }
 
+const char* memory_category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::kWeights: return "weights";
+    case MemoryCategory::kInputs: return "inputs";
+    case MemoryCategory::kOptimizerState: return "optimizer_state";
+    case MemoryCategory::kGradients: return "gradients";
+    case MemoryCategory::kActivations: return "activations";
+    case MemoryCategory::kWorkspace: return "workspace";
+    case MemoryCategory::kTemporaries: return "temporaries";
+  }
+  return "temporaries";
+}
+
 MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
                                    const MemoryOptions& opts) {
   MemoryResult out;
   CachingAllocatorSim sim(opts.sim);
+  constexpr int kPhaseOptimizer = static_cast<int>(Phase::kOptimizer);
+  auto phase_of = [&](int64_t op) {
+    return op >= 0 ? static_cast<int>(trace.ops[static_cast<size_t>(op)].phase) : -1;
+  };
+  // Which phases touch each resident storage (bit per phase), for roles the caller left out.
+  std::unordered_map<int64_t, int> roles(opts.external_roles.begin(), opts.external_roles.end());
+  std::unordered_map<int64_t, unsigned> phases_using;
+  for (const OpRecord& op : trace.ops) {
+    for (const auto* args : {&op.inputs, &op.outputs}) {
+      for (const Arg& a : *args) {
+        for (const TensorInfo& t : a.tensors) {
+          if (t.storage < 0) phases_using[t.storage] |= 1u << static_cast<unsigned>(op.phase);
+        }
+      }
+    }
+  }
+  // Live allocations: simulator id -> (category, block bytes).
+  std::unordered_map<int64_t, std::pair<int, int64_t>> live;
+  std::array<int64_t, kNumMemoryCategories> by_cat{};
+  auto on_malloc = [&](int64_t sim_id, int64_t nbytes, int cat) {
+    if (!sim.malloc(sim_id, nbytes)) return false;  // OOM under a capacity: nothing allocated
+    const int64_t block = sim.block_size(sim_id);
+    live[sim_id] = {cat, block};
+    by_cat[static_cast<size_t>(cat)] += block;
+    const AllocSimStats st = sim.stats();
+    if (st.allocated_bytes >= st.peak_allocated_bytes) out.peak_by_category = by_cat;
+    return true;
+  };
+  auto on_free = [&](int64_t sim_id) {
+    auto it = live.find(sim_id);
+    if (it == live.end()) return;  // its malloc failed (OOM): nothing to free
+    by_cat[static_cast<size_t>(it->second.first)] -= it->second.second;
+    live.erase(it);
+    sim.free(sim_id);
+  };
   // Storage ids for the simulator: resident ones are negative in the trace; keep them apart.
   int64_t next_resident = -1;
   // Records the first failed malloc; the caller stops replaying (the real run raised there).
@@ -276,20 +325,37 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
     out.oom_request_bytes = bytes;
     out.oom_resident = resident;
     out.stats = sim.stats();
+    if (out.stats.peak_allocated_bytes == 0) out.peak_by_category = by_cat;
     return out;
   };
   for (const ExternalStorage& e : trace.externals) {
     if (e.device_type != device_type || e.nbytes <= 0) continue;
+    int cat = static_cast<int>(MemoryCategory::kInputs);
+    auto r = roles.find(e.storage);
+    if (r != roles.end() && r->second >= 0 && r->second < kNumMemoryCategories) {
+      cat = r->second;
+    } else {
+      auto u = phases_using.find(e.storage);
+      if (u != phases_using.end() && u->second == (1u << kPhaseOptimizer)) {
+        cat = static_cast<int>(MemoryCategory::kOptimizerState);
+      }
+    }
     out.resident_bytes += e.nbytes;
-    if (!sim.malloc(next_resident--, e.nbytes)) return failed(-1, e.nbytes, true);
+    if (!on_malloc(next_resident--, e.nbytes, cat)) return failed(-1, e.nbytes, true);
   }
-  // Find scratch: allocated and freed under the same kernel op.
+  // Find scratch: allocated and freed under the same kernel op. Also where each storage is
+  // freed and where the backward pass ends, for the gradient rule.
   std::unordered_map<int64_t, int64_t> alloc_op;
+  std::unordered_map<int64_t, size_t> free_at;
   std::unordered_set<int64_t> scratch;
-  for (const AllocRecord& a : trace.allocs) {
+  size_t backward_end = 0;
+  for (size_t i = 0; i < trace.allocs.size(); ++i) {
+    const AllocRecord& a = trace.allocs[i];
+    if (phase_of(a.op) == static_cast<int>(Phase::kBackward)) backward_end = i + 1;
     if (!a.is_free) {
       alloc_op[a.storage] = a.op;
     } else {
+      free_at[a.storage] = i;
       auto it = alloc_op.find(a.storage);
       if (it != alloc_op.end() && it->second >= 0 && it->second == a.op &&
           trace.ops[static_cast<size_t>(a.op)].kernel) {
@@ -297,7 +363,23 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
       }
     }
   }
+  auto category_of = [&](const AllocRecord& a) {
+    const int phase = phase_of(a.op);
+    auto f = free_at.find(a.storage);
+    const size_t freed = f == free_at.end() ? trace.allocs.size() : f->second;
+    if (phase == static_cast<int>(Phase::kBackward) && freed >= backward_end) {
+      return MemoryCategory::kGradients;
+    }
+    if (phase == static_cast<int>(Phase::kForward) || phase == static_cast<int>(Phase::kBackward)) {
+      return MemoryCategory::kActivations;
+    }
+    if (phase == kPhaseOptimizer && freed == trace.allocs.size()) {
+      return MemoryCategory::kOptimizerState;
+    }
+    return MemoryCategory::kTemporaries;
+  };
   out.temporaries_dropped = static_cast<int64_t>(scratch.size());
+  const std::unordered_set<int64_t> skipped(opts.skip_storages.begin(), opts.skip_storages.end());
   const int64_t workspace_id = next_resident--;
   bool workspace_done = opts.workspace_bytes <= 0;
   // cuBLAS-backed ops (the feature table's GEMM kind): the workspace is allocated on the
@@ -313,23 +395,303 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
     }
     return op.kernel && known == 1;
   };
+  // The curve: every event's (allocated, reserved), bucketed afterwards.
+  std::vector<MemoryPoint> points;
+  const bool want_curve = opts.max_curve_points > 0;
+  if (want_curve) points.reserve(trace.allocs.size());
   for (const AllocRecord& a : trace.allocs) {
     if (!workspace_done && a.op >= 0 && is_gemm(a.op)) {
-      if (!sim.malloc(workspace_id, opts.workspace_bytes)) {
+      if (!on_malloc(workspace_id, opts.workspace_bytes,
+                     static_cast<int>(MemoryCategory::kWorkspace))) {
         return failed(-1, opts.workspace_bytes, false);
       }
       workspace_done = true;
     }
-    if (scratch.count(a.storage)) continue;
+    if (scratch.count(a.storage) || skipped.count(a.storage)) continue;
     if (a.is_free) {
-      sim.free(a.storage);
-    } else if (!sim.malloc(a.storage, a.nbytes)) {
+      on_free(a.storage);
+    } else if (!on_malloc(a.storage, a.nbytes, static_cast<int>(category_of(a)))) {
       ++out.events;
       return failed(a.op, a.nbytes, false);
     }
     ++out.events;
+    if (want_curve) {
+      const AllocSimStats st = sim.stats();
+      points.push_back(MemoryPoint{a.op, phase_of(a.op), st.allocated_bytes, st.reserved_bytes});
+    }
   }
   out.stats = sim.stats();
+  if (out.stats.peak_allocated_bytes == 0) out.peak_by_category = by_cat;
+  if (want_curve && !points.empty()) {
+    // Each bucket keeps its highest-allocated event (so the peak is always on the curve) and its
+    // highest reserved value.
+    const size_t n = points.size();
+    const size_t buckets = std::min(n, static_cast<size_t>(opts.max_curve_points));
+    for (size_t b = 0; b < buckets; ++b) {
+      const size_t lo = b * n / buckets, hi = (b + 1) * n / buckets;
+      MemoryPoint best = points[lo];
+      int64_t reserved = 0;
+      for (size_t i = lo; i < hi; ++i) {
+        if (points[i].allocated > best.allocated) best = points[i];
+        reserved = std::max(reserved, points[i].reserved);
+      }
+      best.reserved = reserved;
+      out.curve.push_back(best);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+constexpr int64_t kMaxBytes = int64_t{1} << 56;  // 64 PiB: no trace storage is larger
+constexpr int64_t kMaxRank = 64;
+
+std::string where(const char* what, size_t i) {
+  return std::string("trace ") + what + " " + std::to_string(i);
+}
+
+void validate_tensor(const TensorInfo& t, const std::string& at) {
+  if (t.dtype < 0) return;  // an undefined entry of a tensor list
+  BLINK_CHECK(t.sizes.size() == t.strides.size() &&
+                  static_cast<int64_t>(t.sizes.size()) <= kMaxRank,
+              at + ": tensor has " + std::to_string(t.sizes.size()) + " sizes and " +
+                  std::to_string(t.strides.size()) + " strides (need equal, at most 64)");
+  double numel = 1.0;
+  for (int64_t v : t.sizes) {
+    BLINK_CHECK(v >= 0, at + ": tensor has a negative size " + std::to_string(v));
+    numel *= static_cast<double>(v);
+  }
+  BLINK_CHECK(numel <= static_cast<double>(kMaxBytes),
+              at + ": tensor has an impossible element count");
+  BLINK_CHECK(t.storage_offset >= 0 && t.storage_nbytes >= 0 && t.storage_nbytes <= kMaxBytes,
+              at + ": tensor has a negative storage offset or an impossible storage size");
+  BLINK_CHECK(t.dtype < 64, at + ": tensor has unknown dtype code " + std::to_string(t.dtype));
+  BLINK_CHECK(t.device_type >= -1 && t.device_type < 64,
+              at + ": tensor has unknown device code " + std::to_string(t.device_type));
+}
+
+}  // namespace
+
+void validate_trace(const TraceData& trace) {
+  const size_t n_names = trace.names.size();
+  const int64_t n_modules = static_cast<int64_t>(trace.modules.size());
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const OpRecord& op = trace.ops[i];
+    const std::string at = where("op record", i);
+    BLINK_CHECK(op.id == static_cast<int64_t>(i), at + ": id " + std::to_string(op.id) +
+                                                      " (ids must be 0, 1, 2, ... in order)");
+    BLINK_CHECK(op.parent >= -1 && op.parent < op.id,
+                at + ": parent " + std::to_string(op.parent) + " is not an earlier op");
+    BLINK_CHECK(op.name >= 0 && static_cast<size_t>(op.name) < n_names && op.overload >= 0 &&
+                    static_cast<size_t>(op.overload) < n_names,
+                at + ": name index out of range (the trace has " + std::to_string(n_names) +
+                    " names)");
+    BLINK_CHECK(op.module >= -1 && op.module < n_modules,
+                at + ": module index " + std::to_string(op.module) + " out of range (the trace has " +
+                    std::to_string(n_modules) + " modules)");
+    BLINK_CHECK(static_cast<int>(op.phase) <= 2,
+                at + ": phase code " + std::to_string(static_cast<int>(op.phase)) +
+                    " (0 forward, 1 backward, 2 optimizer)");
+    BLINK_CHECK(op.depth >= 0 && op.thread >= 0, at + ": negative depth or thread");
+    for (const auto* args : {&op.inputs, &op.outputs}) {
+      for (const Arg& a : *args) {
+        BLINK_CHECK(static_cast<int>(a.kind) <= static_cast<int>(ArgKind::kOther),
+                    at + ": argument kind " + std::to_string(static_cast<int>(a.kind)) +
+                        " is unknown");
+        BLINK_CHECK(a.kind != ArgKind::kTensor || a.tensors.size() == 1,
+                    at + ": a tensor argument without its tensor");
+        for (const TensorInfo& t : a.tensors) validate_tensor(t, at);
+      }
+    }
+  }
+  std::unordered_set<int64_t> live, seen;
+  for (size_t i = 0; i < trace.allocs.size(); ++i) {
+    const AllocRecord& a = trace.allocs[i];
+    const std::string at = where("storage event", i);
+    BLINK_CHECK(a.storage > 0, at + ": storage id " + std::to_string(a.storage) + " (must be > 0)");
+    BLINK_CHECK(a.nbytes >= 0 && a.nbytes <= kMaxBytes,
+                at + ": impossible size " + std::to_string(a.nbytes) + " bytes");
+    BLINK_CHECK(a.op >= -1 && a.op < static_cast<int64_t>(trace.ops.size()),
+                at + ": op index " + std::to_string(a.op) + " out of range");
+    BLINK_CHECK(a.thread >= 0, at + ": negative thread");
+    if (a.is_free) {
+      BLINK_CHECK(live.erase(a.storage) == 1,
+                  at + ": frees storage " + std::to_string(a.storage) + ", which is not allocated");
+    } else {
+      BLINK_CHECK(seen.insert(a.storage).second,
+                  at + ": allocates storage " + std::to_string(a.storage) + " a second time");
+      live.insert(a.storage);
+    }
+  }
+  std::unordered_set<int64_t> ext;
+  for (size_t i = 0; i < trace.externals.size(); ++i) {
+    const ExternalStorage& e = trace.externals[i];
+    const std::string at = where("resident storage", i);
+    BLINK_CHECK(e.storage < 0 && ext.insert(e.storage).second,
+                at + ": id " + std::to_string(e.storage) + " (must be < 0 and unique)");
+    BLINK_CHECK(e.nbytes >= 0 && e.nbytes <= kMaxBytes, at + ": impossible size");
+    BLINK_CHECK(e.device_type >= -1 && e.device_type < 64, at + ": unknown device code");
+  }
+}
+
+// ---- compiled mode -------------------------------------------------------------------------
+
+double fused_kernel_time_s(double bytes, double flops, const GpuSpec& gpu) {
+  BLINK_CHECK(std::isfinite(bytes) && bytes >= 0.0 && std::isfinite(flops) && flops >= 0.0,
+              "fused_kernel_time_s: bytes and flops must be finite and >= 0");
+  const double memory_s = kDramLatencyS + bytes / (gpu.mem_bw * kDramEfficiency);
+  const double compute_s = flops / (gpu.peak_fp32 * kSimtElementwiseEfficiency);
+  return std::max({kLaunchFloorS, memory_s, compute_s});
+}
+
+namespace {
+
+bool fusable(const UnitCost& u) {
+  switch (u.features.kind) {
+    case UnitKind::kElementwise: case UnitKind::kReduction: case UnitKind::kNorm:
+    case UnitKind::kSoftmax: case UnitKind::kCopy: case UnitKind::kEmbedding:
+    case UnitKind::kLoss:
+      return u.error.empty();
+    default:
+      return false;
+  }
+}
+
+double tensor_bytes(const TensorInfo& t) {
+  if (t.dtype < 0) return 0.0;
+  double n = 1.0;
+  for (int64_t v : t.sizes) n *= static_cast<double>(v);
+  try {
+    return n * static_cast<double>(dtype_itemsize(t.dtype));
+  } catch (const Error&) {
+    return 0.0;
+  }
+}
+
+template <typename F>
+void each_tensor(const std::vector<Arg>& args, F f) {
+  for (const Arg& a : args) {
+    for (const TensorInfo& t : a.tensors) {
+      if (t.dtype >= 0 && t.storage != 0) f(t);
+    }
+  }
+}
+
+}  // namespace
+
+CompiledCost compile_trace(const TraceData& trace, const TraceCost& eager, const GpuSpec& gpu) {
+  CompiledCost out;
+  const size_t n = eager.units.size();
+  auto op_of = [&](size_t u) -> const OpRecord& {
+    return trace.ops[static_cast<size_t>(eager.units[u].op)];
+  };
+  // Storages some earlier unit already touched (a kernel's output that a later fused chain
+  // updates in place is not the chain's to keep in registers).
+  std::unordered_set<int64_t> seen;
+  auto mark_seen = [&](size_t u) {
+    const OpRecord& op = op_of(u);
+    each_tensor(op.inputs, [&](const TensorInfo& t) { seen.insert(t.storage); });
+    each_tensor(op.outputs, [&](const TensorInfo& t) { seen.insert(t.storage); });
+  };
+  // Which units read each storage.
+  std::unordered_map<int64_t, std::vector<size_t>> readers;
+  for (size_t u = 0; u < n; ++u) {
+    each_tensor(op_of(u).inputs, [&](const TensorInfo& t) { readers[t.storage].push_back(u); });
+  }
+  auto close_group = [&](std::vector<size_t>& group) {
+    if (group.empty()) return;
+    CompiledKernel k;
+    k.units.assign(group.begin(), group.end());
+    k.fused = true;
+    std::unordered_set<size_t> members(group.begin(), group.end());
+    std::unordered_set<int64_t> written, fresh;
+    std::unordered_map<int64_t, double> reads, writes;
+    for (size_t u : group) {
+      const OpRecord& op = op_of(u);
+      each_tensor(op.inputs, [&](const TensorInfo& t) {
+        if (!written.count(t.storage)) {
+          double& r = reads[t.storage];
+          r = std::max(r, tensor_bytes(t));
+        }
+      });
+      each_tensor(op.outputs, [&](const TensorInfo& t) {
+        written.insert(t.storage);
+        if (t.storage > 0 && !seen.count(t.storage)) fresh.insert(t.storage);
+        auto it = readers.find(t.storage);
+        bool external = t.storage < 0 || it == readers.end();
+        if (!external) {
+          for (size_t r : it->second) {
+            if (!members.count(r)) { external = true; break; }
+          }
+        }
+        if (external) {
+          double& w = writes[t.storage];
+          w = std::max(w, tensor_bytes(t));
+        }
+      });
+      k.flops += eager.units[u].features.flops;
+    }
+    for (int64_t sid : fresh) {
+      if (!writes.count(sid)) out.internal_storages.push_back(sid);
+    }
+    for (size_t u : group) mark_seen(u);
+    for (const auto& kv : reads) k.bytes += kv.second;
+    for (const auto& kv : writes) k.bytes += kv.second;
+    k.time_s = fused_kernel_time_s(k.bytes, k.flops, gpu);
+    k.host_s = kCompiledLaunchS;
+    out.kernels.push_back(std::move(k));
+    group.clear();
+  };
+  std::vector<size_t> group;
+  std::unordered_set<int64_t> group_writes;
+  Phase group_phase = Phase::kForward;
+  for (size_t u = 0; u < n; ++u) {
+    const UnitCost& unit = eager.units[u];
+    const OpRecord& op = op_of(u);
+    if (op.phase != Phase::kOptimizer && fusable(unit)) {
+      bool connected = false;
+      if (!group.empty() && op.phase == group_phase) {
+        each_tensor(op.inputs, [&](const TensorInfo& t) {
+          if (group_writes.count(t.storage)) connected = true;
+        });
+      }
+      if (!connected) {
+        close_group(group);
+        group_writes.clear();
+        group_phase = op.phase;
+      }
+      group.push_back(u);
+      each_tensor(op.outputs, [&](const TensorInfo& t) { group_writes.insert(t.storage); });
+      continue;
+    }
+    close_group(group);
+    group_writes.clear();
+    mark_seen(u);
+    CompiledKernel k;
+    k.units = {static_cast<int64_t>(u)};
+    k.flops = unit.features.flops;
+    k.bytes = unit.features.bytes_read + unit.features.bytes_written;
+    k.time_s = unit.time_s;
+    const bool kernels = unit.features.kernels > 0;
+    // The optimizer step stays eager (its own dispatch cost); other extern kernels are called
+    // from the generated wrapper.
+    k.host_s = op.phase == Phase::kOptimizer ? host_dispatch_time_s(op_full_name(trace, op))
+               : kernels                     ? kCompiledLaunchS * static_cast<double>(
+                                                   unit.features.kernels)
+                                             : 0.0;
+    out.kernels.push_back(std::move(k));
+  }
+  close_group(group);
+  std::vector<double> host, gpu_t;
+  for (const CompiledKernel& k : out.kernels) {
+    host.push_back(k.host_s);
+    gpu_t.push_back(k.time_s);
+    out.host_s += k.host_s;
+    out.gpu_busy_s += k.time_s;
+  }
+  out.timeline = simulate_eager_timeline(host, gpu_t);
+  out.end_to_end_s = timeline_end_to_end_s(out.timeline);
   return out;
 }
 

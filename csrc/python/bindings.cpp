@@ -2,7 +2,11 @@
 #include <torch/extension.h>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "../torch/tracer.h"
 #include "blink/alloc_sim.h"
@@ -107,99 +111,165 @@ py::dict stats_dict(const AllocSimStats& s) {
   return d;
 }
 
-// The inverse of arg_tuple: the raw trace format back into core records.
-TensorInfo tensor_from_python(py::handle h) {
-  py::tuple v = h.cast<py::tuple>();
+// The inverse of arg_tuple: the raw trace format back into core records. Everything here may
+// come from a damaged JSON file, so every field is type- and range-checked before it is narrowed
+// or used as an index: a bad record is a blink::Error naming it, never a crash.
+std::string type_name(py::handle h) { return py::str(py::type::handle_of(h).attr("__name__")); }
+
+py::sequence get_seq(py::handle h, long expected, const std::string& what) {
+  if (!(py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h))) {
+    throw Error(what + " must be a list, not " + type_name(h));
+  }
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(h);
+  if (expected >= 0 && static_cast<long>(py::len(seq)) != expected) {
+    throw Error(what + " has " + std::to_string(py::len(seq)) + " fields, expected " +
+                std::to_string(expected) + " (damaged, or another format_version)");
+  }
+  return seq;
+}
+
+int64_t get_int(py::handle h, const std::string& what, int64_t lo = INT64_MIN,
+                int64_t hi = INT64_MAX) {
+  if (!py::isinstance<py::int_>(h)) throw Error(what + " must be an integer, not " + type_name(h));
+  int64_t v = 0;
+  try {
+    v = h.cast<int64_t>();
+  } catch (const py::cast_error&) {
+    throw Error(what + " is out of the 64-bit integer range");
+  }
+  if (v < lo || v > hi) {
+    throw Error(what + " is " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " +
+                std::to_string(hi) + "]");
+  }
+  return v;
+}
+
+bool get_bool(py::handle h, const std::string& what) {
+  if (!py::isinstance<py::bool_>(h) && !py::isinstance<py::int_>(h)) {
+    throw Error(what + " must be a boolean, not " + type_name(h));
+  }
+  return h.cast<bool>();
+}
+
+std::vector<int64_t> get_ints(py::handle h, const std::string& what) {
+  std::vector<int64_t> out;
+  for (py::handle e : get_seq(h, -1, what)) out.push_back(get_int(e, what + " entry"));
+  return out;
+}
+
+TensorInfo tensor_from_python(py::handle h, const std::string& what) {
+  py::sequence v = get_seq(h, 8, what);
   TensorInfo t;
-  t.sizes = v[0].cast<std::vector<int64_t>>();
-  t.strides = v[1].cast<std::vector<int64_t>>();
-  t.storage_offset = v[2].cast<int64_t>();
-  t.storage = v[3].cast<int64_t>();
-  t.storage_nbytes = v[4].cast<int64_t>();
-  t.dtype = v[5].cast<int16_t>();
-  t.device_type = v[6].cast<int8_t>();
-  t.requires_grad = v[7].cast<bool>();
+  t.sizes = get_ints(v[0], what + " sizes");
+  t.strides = get_ints(v[1], what + " strides");
+  t.storage_offset = get_int(v[2], what + " storage offset");
+  t.storage = get_int(v[3], what + " storage id");
+  t.storage_nbytes = get_int(v[4], what + " storage bytes");
+  t.dtype = static_cast<int16_t>(get_int(v[5], what + " dtype code", -1, 63));
+  t.device_type = static_cast<int8_t>(get_int(v[6], what + " device code", -1, 63));
+  t.requires_grad = get_bool(v[7], what + " requires_grad");
+  BLINK_CHECK(t.sizes.size() == t.strides.size(),
+              what + " has " + std::to_string(t.sizes.size()) + " sizes but " +
+                  std::to_string(t.strides.size()) + " strides");
   return t;
 }
 
-Arg arg_from_python(py::handle h) {
-  py::tuple tup = h.cast<py::tuple>();
+Arg arg_from_python(py::handle h, const std::string& what = "argument") {
+  py::sequence tup = get_seq(h, 2, what);
   Arg a;
-  a.kind = static_cast<ArgKind>(tup[0].cast<int>());
+  a.kind = static_cast<ArgKind>(
+      get_int(tup[0], what + " kind", 0, static_cast<int64_t>(ArgKind::kOther)));
   py::object v = tup[1];
-  switch (a.kind) {
-    case ArgKind::kTensor: a.tensors.push_back(tensor_from_python(v)); break;
-    case ArgKind::kTensorList:
-      for (py::handle e : v) a.tensors.push_back(e.is_none() ? TensorInfo{} : tensor_from_python(e));
-      break;
-    case ArgKind::kInt: a.i = v.cast<int64_t>(); break;
-    case ArgKind::kBool: a.i = v.cast<bool>() ? 1 : 0; break;
-    case ArgKind::kDouble: a.d = v.cast<double>(); break;
-    case ArgKind::kString: case ArgKind::kOther: a.s = v.cast<std::string>(); break;
-    case ArgKind::kIntList: a.ints = v.cast<std::vector<int64_t>>(); break;
-    case ArgKind::kDoubleList: a.doubles = v.cast<std::vector<double>>(); break;
-    default: break;
+  try {
+    switch (a.kind) {
+      case ArgKind::kTensor: a.tensors.push_back(tensor_from_python(v, what + " tensor")); break;
+      case ArgKind::kTensorList:
+        for (py::handle e : get_seq(v, -1, what + " tensor list")) {
+          a.tensors.push_back(e.is_none() ? TensorInfo{} : tensor_from_python(e, what + " tensor"));
+        }
+        break;
+      case ArgKind::kInt: a.i = get_int(v, what + " value"); break;
+      case ArgKind::kBool: a.i = get_bool(v, what + " value") ? 1 : 0; break;
+      case ArgKind::kDouble: a.d = v.cast<double>(); break;
+      case ArgKind::kString: case ArgKind::kOther: a.s = v.cast<std::string>(); break;
+      case ArgKind::kIntList: a.ints = get_ints(v, what + " value"); break;
+      case ArgKind::kDoubleList: a.doubles = v.cast<std::vector<double>>(); break;
+      default: break;
+    }
+  } catch (const py::cast_error&) {
+    throw Error(what + " value has the wrong type (" + type_name(v) + ") for its kind " +
+                std::to_string(static_cast<int>(a.kind)));
   }
   return a;
 }
 
-// A trace read back from JSON (the dict trace_to_python makes) as core records.
+std::vector<std::string> get_strings(py::handle h, const std::string& what) {
+  std::vector<std::string> out;
+  for (py::handle e : get_seq(h, -1, what)) {
+    if (!py::isinstance<py::str>(e)) throw Error(what + " entries must be strings, not " + type_name(e));
+    out.push_back(e.cast<std::string>());
+  }
+  return out;
+}
+
+// A trace read back from JSON (the dict trace_to_python makes) as core records, validated.
 std::shared_ptr<TraceData> trace_from_python(const py::dict& d) {
   auto t = std::make_shared<TraceData>();
-  t->names = d["names"].cast<std::vector<std::string>>();
-  t->modules = d["modules"].cast<std::vector<std::string>>();
-  for (py::handle h : d["ops"]) {
-    py::sequence r = h.cast<py::sequence>();
+  for (const char* key : {"names", "modules", "ops", "allocs", "externals"}) {
+    BLINK_CHECK(d.contains(key), std::string("trace has no \"") + key + "\" list");
+  }
+  t->names = get_strings(d["names"], "trace names");
+  t->modules = get_strings(d["modules"], "trace modules");
+  for (py::handle h : get_seq(d["ops"], -1, "trace ops")) {
+    const std::string at = "trace op record " + std::to_string(t->ops.size());
+    py::sequence r = get_seq(h, -1, at);
     // 13 fields: format 2 (no timestamps); 17: format 3.
     BLINK_CHECK(py::len(r) == 13 || py::len(r) == 17,
-                "trace op record has " + std::to_string(py::len(r)) +
-                    " fields, expected 17 (or 13 for format 2; format_version mismatch?)");
+                at + " has " + std::to_string(py::len(r)) +
+                    " fields, expected 17 (or 13 for format 2; damaged, or another format_version)");
     OpRecord op;
-    op.id = r[0].cast<int64_t>();
-    op.parent = r[1].cast<int64_t>();
-    op.name = r[2].cast<int32_t>();
-    op.overload = r[3].cast<int32_t>();
-    op.module = r[4].cast<int32_t>();
-    op.seq_nr = r[5].cast<int64_t>();
-    op.phase = static_cast<Phase>(r[6].cast<int>());
-    op.scope = static_cast<uint8_t>(r[7].cast<int>());
-    op.thread = r[8].cast<int32_t>();
-    op.depth = r[9].cast<int32_t>();
-    for (py::handle a : r[10]) op.inputs.push_back(arg_from_python(a));
-    for (py::handle a : r[11]) op.outputs.push_back(arg_from_python(a));
-    op.kernel = r[12].cast<bool>();
+    op.id = get_int(r[0], at + " id");
+    op.parent = get_int(r[1], at + " parent");
+    op.name = static_cast<int32_t>(get_int(r[2], at + " name index", 0, INT32_MAX));
+    op.overload = static_cast<int32_t>(get_int(r[3], at + " overload index", 0, INT32_MAX));
+    op.module = static_cast<int32_t>(get_int(r[4], at + " module index", -1, INT32_MAX));
+    op.seq_nr = get_int(r[5], at + " sequence number");
+    op.phase = static_cast<Phase>(get_int(r[6], at + " phase code (0 forward, 1 backward, 2 optimizer)", 0, 2));
+    op.scope = static_cast<uint8_t>(get_int(r[7], at + " scope", 0, 255));
+    op.thread = static_cast<int32_t>(get_int(r[8], at + " thread", 0, INT32_MAX));
+    op.depth = static_cast<int32_t>(get_int(r[9], at + " depth", 0, INT32_MAX));
+    for (py::handle a : get_seq(r[10], -1, at + " inputs")) op.inputs.push_back(arg_from_python(a, at + " input"));
+    for (py::handle a : get_seq(r[11], -1, at + " outputs")) op.outputs.push_back(arg_from_python(a, at + " output"));
+    op.kernel = get_bool(r[12], at + " kernel flag");
     if (py::len(r) == 17) {
-      op.t_start_ns = r[13].cast<int64_t>();
-      op.t_end_ns = r[14].cast<int64_t>();
-      op.cpu_start_ns = r[15].cast<int64_t>();
-      op.cpu_end_ns = r[16].cast<int64_t>();
-      auto ordered = [](int64_t a, int64_t b) { return a >= -1 && b >= -1 && (a < 0 || b >= a); };
+      op.t_start_ns = get_int(r[13], at + " start time", -1);
+      op.t_end_ns = get_int(r[14], at + " end time", -1);
+      op.cpu_start_ns = get_int(r[15], at + " CPU start time", -1);
+      op.cpu_end_ns = get_int(r[16], at + " CPU end time", -1);
+      auto ordered = [](int64_t a, int64_t b) { return a < 0 || b >= a; };
       BLINK_CHECK(ordered(op.t_start_ns, op.t_end_ns) && ordered(op.cpu_start_ns, op.cpu_end_ns),
-                  "trace op record " + std::to_string(t->ops.size()) + " has bad timestamps");
+                  at + " has timestamps that end before they start");
     }
-    const size_t n = t->names.size();
-    BLINK_CHECK(op.id == static_cast<int64_t>(t->ops.size()) && op.parent < op.id &&
-                    op.name >= 0 && static_cast<size_t>(op.name) < n && op.overload >= 0 &&
-                    static_cast<size_t>(op.overload) < n,
-                "trace op record " + std::to_string(t->ops.size()) + " is inconsistent");
     t->ops.push_back(std::move(op));
   }
-  for (py::handle h : d["allocs"]) {
-    py::sequence r = h.cast<py::sequence>();
+  for (py::handle h : get_seq(d["allocs"], -1, "trace allocs")) {
+    const std::string at = "trace storage event " + std::to_string(t->allocs.size());
+    py::sequence r = get_seq(h, 5, at);
     AllocRecord a;
-    a.storage = r[0].cast<int64_t>();
-    a.nbytes = r[1].cast<int64_t>();
-    a.op = r[2].cast<int64_t>();
-    a.is_free = r[3].cast<bool>();
-    a.thread = r[4].cast<int32_t>();
-    BLINK_CHECK(a.op < static_cast<int64_t>(t->ops.size()), "storage event names a missing op");
+    a.storage = get_int(r[0], at + " storage id");
+    a.nbytes = get_int(r[1], at + " size");
+    a.op = get_int(r[2], at + " op index");
+    a.is_free = get_bool(r[3], at + " is_free");
+    a.thread = static_cast<int32_t>(get_int(r[4], at + " thread", 0, INT32_MAX));
     t->allocs.push_back(a);
   }
-  for (py::handle h : d["externals"]) {
-    py::sequence r = h.cast<py::sequence>();
-    t->externals.push_back(ExternalStorage{r[0].cast<int64_t>(), r[1].cast<int64_t>(),
-                                           static_cast<int8_t>(r[2].cast<int>())});
+  for (py::handle h : get_seq(d["externals"], -1, "trace externals")) {
+    const std::string at = "trace resident storage " + std::to_string(t->externals.size());
+    py::sequence r = get_seq(h, 3, at);
+    t->externals.push_back(ExternalStorage{get_int(r[0], at + " id"), get_int(r[1], at + " size"),
+                                           static_cast<int8_t>(get_int(r[2], at + " device code", -1, 63))});
   }
+  validate_trace(*t);
   return t;
 }
 
@@ -363,10 +433,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(
           "memory",
           [](const TraceData& d, bool expandable_segments, int64_t capacity_bytes,
-             int64_t workspace_bytes) {
+             int64_t workspace_bytes, const std::vector<std::pair<int64_t, int>>& external_roles,
+             int64_t max_curve_points, const std::vector<int64_t>& skip_storages) {
             MemoryOptions o;
             o.sim = sim_options(expandable_segments, capacity_bytes);
             o.workspace_bytes = workspace_bytes;
+            o.external_roles = external_roles;
+            o.max_curve_points = std::min<int64_t>(std::max<int64_t>(max_curve_points, 0), 100000);
+            o.skip_storages = skip_storages;
             MemoryResult r;
             {
               py::gil_scoped_release release;
@@ -381,10 +455,54 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             out["oom_request_bytes"] = r.oom_request_bytes;
             out["oom_resident"] = r.oom_resident;
             out["oom_label"] = r.oom_op >= 0 ? py::object(op_label(d, r.oom_op)) : py::none();
+            py::dict cats;
+            for (int c = 0; c < kNumMemoryCategories; ++c) {
+              cats[memory_category_name(static_cast<MemoryCategory>(c))] =
+                  r.peak_by_category[static_cast<size_t>(c)];
+            }
+            out["peak_by_category"] = cats;
+            py::list curve;
+            for (const MemoryPoint& p : r.curve) {
+              curve.append(py::make_tuple(p.op, p.phase, p.allocated, p.reserved));
+            }
+            out["curve"] = curve;
             return out;
           },
           py::arg("expandable_segments") = false, py::arg("capacity_bytes") = 0,
-          py::arg("workspace_bytes") = 0)
+          py::arg("workspace_bytes") = 0,
+          py::arg("external_roles") = std::vector<std::pair<int64_t, int>>{},
+          py::arg("max_curve_points") = 0,
+          py::arg("skip_storages") = std::vector<int64_t>{})
+      .def(
+          "compiled",
+          [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn) {
+            FeatureOptions o;
+            o.allow_tf32_matmul = allow_tf32_matmul;
+            o.allow_tf32_cudnn = allow_tf32_cudnn;
+            TraceCost c;
+            CompiledCost cc;
+            {
+              py::gil_scoped_release release;
+              c = cost_trace(d, meta_device(), g, o);
+              cc = compile_trace(d, c, g);
+            }
+            py::dict out = cost_to_python(d, c);
+            py::list kernels;
+            for (size_t i = 0; i < cc.kernels.size(); ++i) {
+              const CompiledKernel& k = cc.kernels[i];
+              const TimelineEvent& e = cc.timeline[i];
+              kernels.append(py::make_tuple(py::cast(k.units), k.fused, k.flops, k.bytes,
+                                            k.time_s, k.host_s, e.host_start, e.host_end,
+                                            e.gpu_start, e.gpu_end));
+            }
+            out["kernels"] = kernels;
+            out["internal_storages"] = py::cast(cc.internal_storages);
+            out["compiled_end_to_end_s"] = cc.end_to_end_s;
+            out["compiled_host_s"] = cc.host_s;
+            out["compiled_gpu_busy_s"] = cc.gpu_busy_s;
+            return out;
+          },
+          py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true)
       .def("units", [](const TraceData& d) { return cut_units(d, meta_device()); });
   m.def("trace_from_python", &trace_from_python, py::arg("raw"));
   m.def("unit_rule_ops", []() { return unit_rule_ops(); },
@@ -394,6 +512,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tracer_stop", []() { return std::make_shared<TraceData>(tracer::stop()); },
         "Stop recording and return the raw trace (a RawTrace).");
   m.def("tracer_active", &tracer::active);
+  m.def("tracer_register_external", &tracer::register_external, py::arg("tensor"),
+        "Give a pre-existing tensor its resident storage id now; returns the id.");
+  m.def("fused_kernel_time_s", &fused_kernel_time_s, py::arg("bytes"), py::arg("flops"),
+        py::arg("gpu"), "GPU time of one fused memory-bound (Triton) kernel.");
+  m.def("compiled_launch_s", []() { return kCompiledLaunchS; });
+  m.def("validate_trace", [](const std::shared_ptr<TraceData>& t) { validate_trace(*t); });
   m.def("tracer_push_module", &tracer::push_module);
   m.def("tracer_pop_module", &tracer::pop_module);
   m.def("tracer_set_phase", [](int phase) {
@@ -481,8 +605,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         [](const std::string& op, py::list inputs, py::list outputs, const GpuSpec& g,
            bool allow_tf32_matmul, bool allow_tf32_cudnn, bool cudnn_benchmark) {
           std::vector<Arg> in, out;
-          for (py::handle h : inputs) in.push_back(arg_from_python(h));
-          for (py::handle h : outputs) out.push_back(arg_from_python(h));
+          for (py::handle h : inputs) in.push_back(arg_from_python(h, op + " input"));
+          for (py::handle h : outputs) out.push_back(arg_from_python(h, op + " output"));
           FeatureOptions o;
           o.allow_tf32_matmul = allow_tf32_matmul;
           o.allow_tf32_cudnn = allow_tf32_cudnn;

@@ -454,6 +454,17 @@ void pop_module() {
 
 void set_phase(Phase phase) { g_phase.store(static_cast<uint8_t>(phase)); }
 
+int64_t register_external(const at::Tensor& t) {
+  std::lock_guard<std::mutex> guard(g_session_mu);
+  Session* s = g_session;
+  BLINK_CHECK(s != nullptr, "no blink trace is running");
+  std::lock_guard<std::mutex> lock(s->mu);
+  TensorInfo info;
+  info.device_type = static_cast<int8_t>(t.device().type());
+  storage_of(*s, t, info);
+  return info.storage;
+}
+
 Failure last_failure() {
   std::lock_guard<std::mutex> guard(g_session_mu);
   Session* s = g_session;

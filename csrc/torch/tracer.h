@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include <ATen/core/Tensor.h>
+
 #include "blink/trace_types.h"
 
 namespace blink {
@@ -31,6 +33,12 @@ bool active();
 void push_module(const std::string& path);
 void pop_module();
 void set_phase(Phase phase);
+
+// Gives a tensor that exists before the run (a weight, an input, optimizer state) its external
+// storage id now, in call order (-1, -2, ...), so the caller knows which id holds what even if
+// no op touches it; a resident storage is resident whether or not an op reads it. Returns the
+// id (0 for a tensor without storage; > 0 for one the recording allocator made).
+int64_t register_external(const at::Tensor& t);
 
 // The innermost op that was unwinding an exception, if any (for error messages).
 Failure last_failure();

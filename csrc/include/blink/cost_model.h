@@ -2,8 +2,10 @@
 // The cut, cost and simulate stages over one trace: which ops are CUDA kernels (units), what
 // each costs on the target GPU, the eager CPU/GPU timeline, and the caching-allocator replay
 // of the storages a CUDA run would allocate. Torch-free: reads only trace_types.h records.
+#include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "blink/alloc_sim.h"
@@ -80,9 +82,41 @@ struct HostOptions {
 TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu,
                      const FeatureOptions& opts, const HostOptions& host = HostOptions());
 
+// What a byte of allocated memory holds, for the breakdown at the peak. Resident storages get
+// their role from the caller (MemoryOptions::external_roles) or, without one, from use: only
+// optimizer-phase ops touch it -> optimizer state, else an input. Storages the run allocates:
+// backward-phase ones still live when the backward pass ends are gradients; other forward /
+// backward ones are activations (saved tensors and temporaries); optimizer-phase ones live at
+// the end are optimizer state (a first step creates it), the rest temporaries.
+enum class MemoryCategory : int {
+  kWeights = 0,
+  kInputs,
+  kOptimizerState,
+  kGradients,
+  kActivations,
+  kWorkspace,
+  kTemporaries,
+};
+inline constexpr int kNumMemoryCategories = 7;
+const char* memory_category_name(MemoryCategory c);  // "weights", ..., "temporaries"
+
 struct MemoryOptions {
   AllocSimOptions sim;  // sim.capacity_bytes > 0: the device memory the allocator may reserve
   int64_t workspace_bytes = 0;  // cuBLAS workspace, allocated at the first GEMM-like unit
+  std::vector<std::pair<int64_t, int>> external_roles;  // resident id -> MemoryCategory code
+  int64_t max_curve_points = 0;  // > 0: record allocated/reserved over the run, downsampled
+  // Storages the run does not allocate at all (compiled mode: intermediates a fused kernel
+  // keeps in registers, CompiledCost::internal_storages).
+  std::vector<int64_t> skip_storages;
+};
+
+// One point of the memory-over-time curve: the highest allocated value in its stretch of
+// events, at the op of that event (-1 outside any op; phase -1 then).
+struct MemoryPoint {
+  int64_t op = -1;
+  int phase = -1;
+  int64_t allocated = 0;
+  int64_t reserved = 0;
 };
 
 struct MemoryResult {
@@ -98,6 +132,10 @@ struct MemoryResult {
                                     // storages (weights, inputs) or the cuBLAS workspace
   int64_t oom_request_bytes = 0;    // the requested size
   bool oom_resident = false;        // failed while placing resident storages
+  // Allocated bytes (block sizes, as the simulator counts them) by MemoryCategory at the moment
+  // of peak allocated; they sum to stats.peak_allocated_bytes.
+  std::array<int64_t, kNumMemoryCategories> peak_by_category{};
+  std::vector<MemoryPoint> curve;  // empty unless max_curve_points > 0
 };
 
 // Replays the trace's storage events through the caching-allocator simulator: resident
@@ -107,5 +145,52 @@ struct MemoryResult {
 // out-of-memory (see MemoryResult::oom).
 MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
                                    const MemoryOptions& opts);
+
+// Checks every index and code of a trace that did not come from the tracer (a JSON file): op
+// ids in order, parents before children, name / overload / module indices, phase codes, argument
+// kinds, tensor ranks, sizes and dtype / device codes, storage events (ids, sizes, op indices,
+// alloc/free order) and resident storages. Throws blink::Error naming the record and field, so
+// nothing downstream indexes out of range.
+void validate_trace(const TraceData& trace);
+
+// ---- compiled mode (torch.compile / Inductor) ------------------------------------------------
+
+// The GPU time of one fused Triton kernel Inductor generates for a chain of pointwise /
+// reduction ops: memory-bound, reading the chain's external inputs once and writing its external
+// outputs once (intermediates stay in registers), with the DRAM efficiency and latency terms of
+// the analytic model; arithmetic at the element-wise CUDA-core rate when it binds.
+double fused_kernel_time_s(double bytes, double flops, const GpuSpec& gpu);
+
+// Host cost of launching one kernel from Inductor's generated Python wrapper (a Triton
+// launcher call, or an extern kernel such as a cuBLAS GEMM called through its aten op without
+// Python argument parsing): ~3-5 us on a server CPU, lower than an eager op's dispatch.
+inline constexpr double kCompiledLaunchS = 4.0e-6;
+
+struct CompiledKernel {
+  std::vector<int64_t> units;   // indices into TraceCost::units, program order
+  bool fused = false;           // a generated pointwise / reduction kernel
+  double flops = 0.0;
+  double bytes = 0.0;           // external reads + writes (fused), or the unit's own bytes
+  double time_s = 0.0;
+  double host_s = 0.0;
+};
+
+struct CompiledCost {
+  std::vector<CompiledKernel> kernels;
+  // Storages first written inside a fused kernel and read by no unit outside it: Inductor's
+  // kernel keeps them in registers, so a compiled run never allocates them.
+  std::vector<int64_t> internal_storages;
+  std::vector<TimelineEvent> timeline;  // one per kernel
+  double end_to_end_s = 0.0;
+  double host_s = 0.0;
+  double gpu_busy_s = 0.0;
+};
+
+// A first model of the graph Inductor produces from the eager trace: consecutive pointwise,
+// reduction, normalisation, softmax, copy, embedding and loss units of the forward / backward
+// passes that are connected by dataflow (a unit reads a storage an earlier unit of the chain
+// wrote) become one fused kernel; GEMMs, convolutions, attention and other extern kernels stay
+// as they are; the optimizer step stays eager (torch.compile(model) does not compile it).
+CompiledCost compile_trace(const TraceData& trace, const TraceCost& eager, const GpuSpec& gpu);
 
 }  // namespace blink

@@ -1,0 +1,220 @@
+"""Any model, everywhere a model is accepted: timm / torchvision names beyond the zoo, a
+transformers config file, a Python file's builder, a plain nn.Module with inferable inputs;
+close matches for unknown names; and the CLI's rough edges (--json, --version, fast start)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import blink
+from blink.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 256,
+              "rope_theta": 10000.0}
+
+USER_FILE = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(64, 128)
+        self.fc2 = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def build_model():
+    return Net()
+'''
+
+
+def _json_out(capsys, argv: list[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _first_conv_input(t: blink.Trace) -> tuple[int, ...]:
+    op = next(op for op in t.ops if op.name in ("aten::convolution", "aten::conv2d"))
+    return op.tensors()[0].shape
+
+
+def test_cli_predicts_timm_model_by_name(capsys):
+    import timm
+
+    doc = _json_out(capsys, ["predict", "--json", "timm:efficientnet_b3", "-b", "2"])
+    assert doc["model"] == "timm:efficientnet_b3" and doc["batch_size"] == 2
+    assert doc["time_ms"] > 0 and len(doc["units"]) > 100
+    ref = timm.create_model("efficientnet_b3", pretrained=False)
+    assert doc["params"] == sum(p.numel() for p in ref.parameters())
+    # the input size is the one timm's pretrained config gives, not a default 224
+    size = timm.models.get_pretrained_cfg("efficientnet_b3").input_size
+    t = blink.trace_model("timm:efficientnet_b3", batch_size=2)
+    assert _first_conv_input(t) == (2, *size)
+
+
+def test_any_torchvision_model():
+    import torchvision
+
+    crop = torchvision.models.get_model_weights("inception_v3").DEFAULT.transforms.keywords
+    t = blink.trace_model("torchvision:inception_v3", batch_size=1)
+    assert _first_conv_input(t) == (1, 3, crop["crop_size"], crop["crop_size"])
+    p = blink.predict("torchvision:squeezenet1_1", batch_size=2)
+    assert p.model == "torchvision:squeezenet1_1" and p.time_ms > 0
+
+
+def test_cli_predicts_config_file(tmp_path, capsys):
+    import transformers
+
+    cfg = tmp_path / "tiny_llama.json"
+    cfg.write_text(json.dumps(TINY_LLAMA))
+    doc = _json_out(capsys, ["predict", f"hf:{cfg}", "-b", "2", "--seq-len", "32", "--json",
+                             "--mode", "train"])
+    fields = {k: v for k, v in TINY_LLAMA.items() if k not in ("model_type", "architectures")}
+    with torch.device("meta"):
+        ref = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model("llama", **fields))
+    assert doc["params"] == sum(p.numel() for p in ref.parameters())
+    assert doc["seq_len"] == 32 and {u["phase"] for u in doc["units"]} == \
+        {"forward", "backward", "optimizer"}
+    # a shipped config by name, and one that is not shipped
+    assert blink.predict("hf:gpt2", batch_size=1, seq_len=16).params > 1e8
+    with pytest.raises(blink.UnknownModelError, match="hf:llama-7b"):
+        blink.predict("hf:llama-7", batch_size=1)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hidden_size": 3}')
+    with pytest.raises(blink.ConfigError, match="model_type"):
+        blink.predict(f"hf:{bad}", batch_size=1)
+
+
+def test_cli_predicts_python_file_callable(tmp_path, capsys):
+    path = tmp_path / "mymodel.py"
+    path.write_text(USER_FILE)
+    doc = _json_out(capsys, ["predict", f"{path}:build_model", "--input-shape", "64", "-b",
+                             "16", "--json"])
+    assert doc["batch_size"] == 16 and doc["model"] == f"{path}:build_model"
+    # FLOPs of the GEMMs against torch's own counter on the real model
+    ns: dict = {}
+    exec(compile(USER_FILE, str(path), "exec"), ns)  # noqa: S102 - the test's own source
+    with FlopCounterMode(display=False) as fc:
+        ns["build_model"]()(torch.randn(16, 64))
+    gemm = sum(u["flops"] for u in doc["units"] if u["kind"] == "gemm")
+    assert gemm == fc.get_total_flops()
+    # text table: its batch size is shown
+    assert main(["predict", f"{path}:build_model", "--input-shape", "64", "-b", "16"]) == 0
+    assert "batch 16" in capsys.readouterr().out
+    # no inputs: the error says what to pass; a misspelt callable gets close matches
+    assert main(["predict", f"{path}:build_model", "-b", "2"]) == 2
+    assert "--input-shape" in capsys.readouterr().err
+    with pytest.raises(blink.UnknownModelError, match="Did you mean build_model"):
+        blink.predict(f"{path}:build_modle", input_shape=(2, 64))
+    with pytest.raises(blink.ConfigError, match="not found"):
+        blink.predict(f"{tmp_path}/missing.py:f", input_shape=(2, 64))
+
+
+def test_input_shape_with_dtype(capsys):
+    t_doc = _json_out(capsys, ["trace", "torchvision:resnet18", "--input-shape", "3,64,64",
+                               "-b", "3", "--json"])
+    t = blink.Trace.from_json(json.dumps(t_doc))
+    assert _first_conv_input(t) == (3, 3, 64, 64)
+    assert main(["predict", "hf:gpt2", "--input-shape", "16:int64", "-b", "2"]) == 0
+    assert "batch 2" in capsys.readouterr().out
+    assert main(["predict", "hf:gpt2", "--input-shape", "16:int8", "-b", "2"]) == 2
+    assert "bad --input-shape" in capsys.readouterr().err
+
+
+def test_unknown_names_list_close_matches():
+    cases = {"timm:resnet18x": "timm:resnet18", "torchvision:resnet5O": "torchvision:resnet50",
+             "torchvison:resnet50": "torchvision:resnet50", "hf:gtp2": "hf:gpt2"}
+    for name, match in cases.items():
+        with pytest.raises(blink.UnknownModelError) as info:
+            blink.predict(name, batch_size=1)
+        assert "Did you mean" in str(info.value) and match in str(info.value), name
+
+
+def test_module_inputs_are_inferred():
+    import timm
+    import transformers
+
+    with torch.device("meta"):
+        net = timm.create_model("resnet18", pretrained=False)
+    p = blink.predict(net, batch_size=4)
+    assert p.batch_size == 4 and p.time_ms > 0
+    assert blink.predict("timm:resnet18", batch_size=4).time_ms == pytest.approx(p.time_ms)
+    fields = {k: v for k, v in TINY_LLAMA.items() if k not in ("model_type", "architectures")}
+    with torch.device("meta"):
+        lm = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model("llama", **fields), attn_implementation="sdpa")
+    t = blink.trace_model(lm, batch_size=2, seq_len=24, mode="train")
+    emb = next(op for op in t.ops if op.name == "aten::embedding")
+    assert emb.tensors()[1].shape == (2, 24)
+    with pytest.raises(blink.ConfigError, match=r"input_shape=\(16, 3, 224, 224\)"):
+        blink.predict(torch.nn.Conv2d(3, 8, 3), batch_size=16)
+
+
+def test_json_flag_takes_model_positionally(tmp_path, capsys):
+    doc = _json_out(capsys, ["predict", "--json", "torchvision:resnet18", "-b", "1"])
+    assert doc["model"] == "torchvision:resnet18"
+    out = tmp_path / "p.json"
+    assert main(["predict", "torchvision:resnet18", "-b", "1", "-o", str(out)]) == 0
+    assert "peak allocated" in capsys.readouterr().out  # the table, and the file
+    assert blink.Prediction.from_json(out).model == "torchvision:resnet18"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"blink {blink.__version__}"
+
+
+_STARTUP = r"""
+import runpy, sys
+sys.argv = {argv!r}
+try:
+    runpy.run_module({module!r}, run_name="__main__")
+except SystemExit:
+    pass
+heavy = [m for m in {heavy!r} if m in sys.modules]
+print("HEAVY", heavy)
+"""
+MODEL_LIBS = ("timm", "transformers", "torchvision", "torch._dynamo")
+
+
+@pytest.mark.parametrize("module, argv, heavy", [
+    ("blink", ["blink", "--help"], ("torch", *MODEL_LIBS)),
+    ("blink", ["blink", "--version"], ("torch", *MODEL_LIBS)),
+    ("blink", ["blink", "predict", "--help"], ("torch", *MODEL_LIBS)),
+    ("blink.info", ["blink.info"], MODEL_LIBS),  # reports torch's build, so loads torch
+])
+def test_startup_imports_no_model_library(module, argv, heavy):
+    code = _STARTUP.format(argv=argv, module=module, heavy=heavy)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("HEAVY []"), r.stdout[-500:]
+
+
+def test_collect_on_cpu_is_quiet(tmp_path):
+    exe = Path(sys.executable).parent / "blink"
+    r = subprocess.run([str(exe), "collect", "--preset", "smoke", "--out", str(tmp_path / "d"),
+                        "--device", "cpu", "--limit", "2"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = r.stdout + r.stderr
+    assert "[2/2" in text  # its own progress lines stay
+    for noise in ("USDT", "ERROR", "profiler_start", "Warning"):
+        assert noise not in text, text[-2000:]
