@@ -23,6 +23,7 @@ import sys
 from collections import Counter, defaultdict
 
 from blink import data_deepbench as db
+from blink.cost import conv_algo_name
 
 
 def _q(vals: list[float], q: float) -> float:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         roof = [abs(f["roofline_time_s"] - r.time_s) / r.time_s for r, f in g]
         ours = [abs(f["analytic_time_s"] - r.time_s) / r.time_s for r, f in g]
         ratio = _q([f["analytic_time_s"] / r.time_s for r, f in g], .5)
-        algos = Counter(f["conv_algo"] for _, f in g if f["conv_algo"] != "none")
+        algos = Counter(conv_algo_name(f) for _, f in g if conv_algo_name(f) != "none")
         every_roof += roof
         every_blink += ours
         per_family[key[0]][0].extend(roof)
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 w.writerow([r.family, r.direction, r.gpu, r.precision,
                             ";".join(f"{k}={v}" for k, v in r.shape.items()),
                             f"{r.time_s * 1e6:.3f}", f"{f['roofline_time_s'] * 1e6:.3f}",
-                            f"{f['analytic_time_s'] * 1e6:.3f}", f["conv_algo"], f["math_mode"],
+                            f"{f['analytic_time_s'] * 1e6:.3f}", conv_algo_name(f), f["math_mode"],
                             f"{f['tile_m']:.0f}x{f['tile_n']:.0f}", f"{f['split_k']:.0f}"])
         print(f"per-row predictions: {a.csv}")
     return 0

@@ -34,6 +34,15 @@ def core_gpu_spec(gpu: GPUSpec | str, boost_window_s: float = BOOST_WINDOW_S) ->
     )
 
 
+# blink::ConvAlgo codes (csrc/include/blink/kernel_plan.h), the "conv_algo" feature's values.
+CONV_ALGOS = ("none", "implicit_gemm", "winograd", "depthwise_direct", "grouped_gemm")
+
+
+def conv_algo_name(features: dict) -> str:
+    """The convolution algorithm a unit's features say the cost used."""
+    return CONV_ALGOS[int(features["conv_algo"])]
+
+
 def tensor_arg(shape: tuple[int, ...], dtype_code: int, stride: tuple[int, ...] | None = None,
                storage: int = 0) -> tuple[int, tuple]:
     """A contiguous (or strided) tensor argument in the trace's raw format, for features_for."""

@@ -321,6 +321,10 @@ def trace_model(
         if warmup:
             with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta, resident=resident):
                 execute(p, loss_fn=loss_fn, optimizer=opt)
+            # The warm-up must not change the state the kept step starts from: without an
+            # optimizer (which zeroes them) its gradients would be resident in the kept trace.
+            for param in p.net.parameters():
+                param.grad = None
         with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta, resident=resident) as result:
             execute(p, loss_fn=loss_fn, optimizer=opt)
     except TraceError as exc:

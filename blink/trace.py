@@ -408,6 +408,10 @@ class Trace:
                 "re-create the trace here"
             )
         raw = {k: doc[k] for k in ("names", "modules", "ops", "allocs", "externals")}
+        for key, value in raw.items():
+            if not isinstance(value, list):
+                raise BlinkError(f"{where} is a damaged blink trace: \"{key}\" must be a list, "
+                                 f"not {type(value).__name__}")
         width = 13 if version == 2 else 17
         bad = next((i for i, r in enumerate(raw["ops"])
                     if not isinstance(r, list) or len(r) != width), None)

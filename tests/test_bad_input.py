@@ -49,7 +49,7 @@ def _cases(doc: dict) -> list[tuple[str, dict | str, str]]:
     mutate("negative name", lambda d: d["ops"][0].__setitem__(2, -3), "name index")
     mutate("parent", lambda d: d["ops"][2].__setitem__(1, 50), "parent 50")
     mutate("op id order", lambda d: d["ops"][1].__setitem__(0, 7), "ids must be")
-    mutate("short op record", lambda d: d["ops"][1].pop(), "12 fields, expected 13")
+    mutate("short op record", lambda d: d["ops"][1].pop(), "op record 1 is not a list of 17 fields")
     mutate("ops not a list", lambda d: d.__setitem__("ops", "oops"), "must be a list")
     mutate("huge int", lambda d: d["ops"][1].__setitem__(5, 2**70), "64-bit")
     mutate("arg kind", lambda d: d["ops"][k][10][0].__setitem__(0, 99), "kind")

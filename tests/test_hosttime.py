@@ -196,7 +196,7 @@ def test_cli_host_time_flag(tmp_path):
 
     out = tmp_path / "p.json"
     assert main(["predict", "torchvision:resnet18", "-b", "1", "--gpu", "T4", "--host-time",
-                 "table", "--json", str(out)]) == 0
+                 "table", "--json", "-o", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["host_time"] == "table"
     assert all("caller_s" in e and "dispatch_s" in e for e in doc["timeline"])

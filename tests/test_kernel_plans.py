@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import blink
-from blink.cost import tensor_arg, unit_features
+from blink.cost import conv_algo_name, tensor_arg, unit_features
 from blink.hardware import get_gpu
 
 F32, F16, BF16 = 6, 5, 15
@@ -64,7 +64,7 @@ def test_depthwise_conv_is_a_direct_memory_bound_kernel(gpu, dt, item):
     # MobileNet-style 3x3 depthwise: 9 MACs per output, so its roofline is the bytes it moves.
     n, c, h = 64, 256, 56
     f = conv(n, c, h, h, c, 3, groups=c, dt=dt, gpu=gpu)
-    assert f["conv_algo"] == "depthwise_direct"
+    assert conv_algo_name(f) == "depthwise_direct"
     assert f["math_mode"] == "fp32_simt"  # CUDA cores, accumulate in fp32, never tensor cores
     floor = conv_bytes(n, c, h, h, c, 3, c, item) / bw(gpu)
     assert floor <= f["analytic_time_s"] <= 4.0 * floor
@@ -128,11 +128,11 @@ def test_winograd_runs_below_the_direct_flop_roofline(gpu):
     # the kernel beats FLOPs / peak; the roofline lower bound must still sit below it.
     f = conv(32, 256, 28, 28, 256, 3, gpu=gpu, allow_tf32_cudnn=False, cudnn_benchmark=True)
     direct = f["flops"] / get_gpu(gpu).peak_flops["fp32"]
-    assert f["conv_algo"] == "winograd" and f["math_mode"] == "fp32_simt"
+    assert conv_algo_name(f) == "winograd" and f["math_mode"] == "fp32_simt"
     assert f["kernel_compute_s"] < direct
     assert f["roofline_time_s"] <= f["analytic_time_s"]
     # a 1x1 convolution has no Winograd form
-    assert conv(32, 256, 28, 28, 256, 1, gpu=gpu, allow_tf32_cudnn=False)["conv_algo"] == \
+    assert conv_algo_name(conv(32, 256, 28, 28, 256, 1, gpu=gpu, allow_tf32_cudnn=False)) == \
         "implicit_gemm"
 
 
@@ -341,7 +341,7 @@ def test_depthwise_networks_rank_below_dense_ones():
     _, t_resnet = _net_time(resnet, (64, 3, 224, 224))
     dw = [r for r in rows if r["kind"] == "conv" and r["groups"] > 1 and
           r["groups"] == r["conv_c"]]
-    assert dw and all(r["conv_algo"] == "depthwise_direct" for r in dw)
+    assert dw and all(conv_algo_name(r) == "depthwise_direct" for r in dw)
     assert t_resnet > 2.5 * t_mobile
 
 
@@ -362,7 +362,7 @@ def test_transposed_and_3d_convolutions_are_planned():
     convs = [r for r in blink.cost.trace_features(t, "H100-SXM") if r["kind"] == "conv"]
     assert len(convs) == 2
     for r in convs:
-        assert r["conv_algo"] == "implicit_gemm" and r["kernel_compute_s"] > 0
+        assert conv_algo_name(r) == "implicit_gemm" and r["kernel_compute_s"] > 0
         assert r["roofline_time_s"] <= r["analytic_time_s"] < 50 * max(r["roofline_time_s"], 3e-6)
     assert any(r["transposed"] for r in convs)
 
@@ -373,10 +373,10 @@ def test_cudnn_benchmark_flag_reaches_the_conv_choice():
     kw = {"gpu": "V100", "allow_tf32_cudnn": False}
     off = conv(32, 64, 56, 56, 64, 3, cudnn_benchmark=False, **kw)
     on = conv(32, 64, 56, 56, 64, 3, cudnn_benchmark=True, **kw)
-    assert (off["conv_algo"], on["conv_algo"]) == ("implicit_gemm", "winograd")
+    assert (conv_algo_name(off), conv_algo_name(on)) == ("implicit_gemm", "winograd")
     assert on["analytic_time_s"] < off["analytic_time_s"]
     # a wide layer gets Winograd either way
-    assert conv(32, 256, 14, 14, 256, 3, cudnn_benchmark=False, **kw)["conv_algo"] == "winograd"
+    assert conv_algo_name(conv(32, 256, 14, 14, 256, 3, cudnn_benchmark=False, **kw)) == "winograd"
     from blink.predict import predict_trace
 
     with torch.device("meta"):

@@ -281,7 +281,7 @@ def test_trace_replay_with_a_capacity_matches_the_reference_allocator(expandable
     for case in range(150):
         live: list[int] = []
         allocs = []
-        for sid in range(60):
+        for sid in range(1, 61):  # storage ids > 0, as the trace reader requires
             if live and rng.random() < 0.4:
                 allocs.append((live.pop(rng.randrange(len(live))), 0, -1, True, 0))
             allocs.append((sid, rng.choice(sizes) + rng.randrange(0, 2048), -1, False, 0))

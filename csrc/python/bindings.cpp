@@ -291,7 +291,6 @@ py::dict features_to_python(const UnitFeatures& f, const GpuSpec& g) {
   for (const auto& kv : feature_values(f)) d[kv.first] = kv.second;
   d["kind"] = unit_kind_name(f.kind);
   d["math_mode"] = math_mode_name(f.math_mode);
-  d["conv_algo"] = conv_algo_name(static_cast<ConvAlgo>(f.conv_algo));
   for (const char* k :
        {"matched", "backward", "trans_a", "trans_b", "transposed", "causal", "channels_last"})
     d[k] = d[k].cast<double>() != 0.0;
