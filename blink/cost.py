@@ -15,12 +15,13 @@ def _core_spec_cached(name: str) -> Any:
     return core_gpu_spec(get_gpu(name))
 
 
-def core_gpu_spec(gpu: GPUSpec | str) -> Any:
-    """The blink._C.GpuSpec for a hardware-table entry (or its name)."""
+def core_gpu_fields(gpu: GPUSpec | str) -> dict[str, Any]:
+    """The fields of the blink._C.GpuSpec for a hardware-table entry (its constructor's kwargs;
+    blink.train reads the GPU features of its rows from here)."""
     if isinstance(gpu, str):
-        return _core_spec_cached(gpu)
+        gpu = get_gpu(gpu)
     pf = gpu.peak_flops
-    return _C.GpuSpec(
+    return dict(
         name=gpu.name, sm_count=gpu.sm_count, clock_hz=gpu.boost_clock_mhz * 1e6,
         mem_bw=gpu.memory_bandwidth_bytes_per_s, l2_bytes=float(gpu.l2_bytes),
         peak_fp32=pf["fp32"], peak_tf32=pf.get("tf32") or 0.0,
@@ -28,6 +29,13 @@ def core_gpu_spec(gpu: GPUSpec | str) -> Any:
         peak_fp8=pf.get("fp8") or 0.0, cc_major=gpu.compute_capability[0],
         cc_minor=gpu.compute_capability[1],
     )
+
+
+def core_gpu_spec(gpu: GPUSpec | str) -> Any:
+    """The blink._C.GpuSpec for a hardware-table entry (or its name)."""
+    if isinstance(gpu, str):
+        return _core_spec_cached(gpu)
+    return _C.GpuSpec(**core_gpu_fields(gpu))
 
 
 def tensor_arg(shape: tuple[int, ...], dtype_code: int, stride: tuple[int, ...] | None = None,
