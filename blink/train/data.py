@@ -178,8 +178,11 @@ def load_neusight(root: Path, max_rows_per_file: int | None = None,
                   seed: int = 0) -> list[UnitSample]:
     """Every NeuSight row (bmm/linear files sampled to `max_rows_per_file` each if given),
     costed by blink.data_public.predict."""
+    from ..hardware import get_gpu
+
     ns = root / "neusight-train"
     out: list[UnitSample] = []
+    canonical = {alias: get_gpu(alias).name for alias in data_public.DEVICES.values()}
     for fam in data_public.FAMILIES:
         cap = max_rows_per_file
         rows = data_public.load_family(ns, fam, max_rows_per_file=cap, seed=seed)
@@ -189,7 +192,7 @@ def load_neusight(root: Path, max_rows_per_file: int | None = None,
                 b = r.dims[0] if fam == "bmm" else r.dims[0] * r.dims[1]
             else:
                 b = r.dims[0]
-            out.append(UnitSample("neusight-train", fam, r.gpu, f, r.latency_s, int(b),
+            out.append(UnitSample("neusight-train", fam, canonical[r.gpu], f, r.latency_s, int(b),
                                   f"{fam}:{r.op}:{'x'.join(map(str, r.dims))}"))
     return out
 

@@ -41,6 +41,9 @@ FOREST_PARAMS: dict[str, Any] = {
     "seed": 0,
     "nthread": 2,
 }
+# XGBoost's hist trees are the same bytes for any thread count (checked in tests/test_train.py),
+# so the thread count is a speed setting only; on a loaded 2-core machine 1 is faster.
+
 NUM_ROUNDS = 120
 
 
@@ -63,11 +66,19 @@ class Forest:
     features: list[str]
 
     def predict_log_ratio(self, X: np.ndarray) -> np.ndarray:
-        d = xgb().DMatrix(X, missing=math.nan, feature_names=self.features)
+        d = xgb().DMatrix(X, missing=math.nan, feature_names=self.features, nthread=1)
         return np.clip(self.booster.predict(d), CLIP[0], CLIP[1])
 
     def predict_s(self, t: KindTable) -> np.ndarray:
         return t.analytic_s * np.exp(self.predict_log_ratio(t.X))
+
+
+def set_threads(n: int) -> None:
+    """Threads for every later fit (FOREST_PARAMS and the model-level forests)."""
+    from . import model_level
+
+    FOREST_PARAMS["nthread"] = int(n)
+    model_level.MODEL_PARAMS["nthread"] = int(n)
 
 
 def fit_forest(t: KindTable, *, rounds: int = NUM_ROUNDS,
@@ -77,7 +88,8 @@ def fit_forest(t: KindTable, *, rounds: int = NUM_ROUNDS,
     p = dict(FOREST_PARAMS)
     if params:
         p.update(params)
-    d = X.DMatrix(t.X, label=t.y, weight=t.weight, missing=math.nan, feature_names=t.features)
+    d = X.DMatrix(t.X, label=t.y, weight=t.weight, missing=math.nan, feature_names=t.features,
+                  nthread=p["nthread"])
     return Forest(X.train(p, d, num_boost_round=rounds), list(t.features))
 
 
