@@ -174,17 +174,17 @@ def feature_vector(feats: dict[str, Any], gpu: str) -> dict[str, float]:
 
 
 # -- NeuSight -------------------------------------------------------------------------------
-def load_neusight(root: Path, max_rows_per_file: int | None = None,
-                  seed: int = 0) -> list[UnitSample]:
-    """Every NeuSight row (bmm/linear files sampled to `max_rows_per_file` each if given),
-    costed by blink.data_public.predict."""
+def load_neusight(root: Path, max_rows_per_file: int | None = None, seed: int = 0,
+                  mixed_rows: int | None = None) -> list[UnitSample]:
+    """NeuSight rows, costed by blink.data_public.predict: the per-GPU bmm/linear files sampled
+    to `max_rows_per_file` each, the all-GPU elem/ln/softmax files to `mixed_rows` (None: all)."""
     from ..hardware import get_gpu
 
     ns = root / "neusight-train"
     out: list[UnitSample] = []
     canonical = {alias: get_gpu(alias).name for alias in data_public.DEVICES.values()}
     for fam in data_public.FAMILIES:
-        cap = max_rows_per_file
+        cap = max_rows_per_file if fam in ("bmm", "linear") else mixed_rows
         rows = data_public.load_family(ns, fam, max_rows_per_file=cap, seed=seed)
         for r in rows:
             f = data_public.predict(r)
@@ -311,9 +311,9 @@ def load_deepbench(root: Path, gpus: Iterable[str] | None = None) -> list[UnitSa
 
 
 def load_units(root: Path, *, neusight_rows_per_file: int | None = 6000,
-               seed: int = 0) -> list[UnitSample]:
+               neusight_mixed_rows: int | None = None, seed: int = 0) -> list[UnitSample]:
     """All per-unit training rows (NeuSight + DeepBench), in a fixed order."""
-    rows = load_neusight(root, neusight_rows_per_file, seed)
+    rows = load_neusight(root, neusight_rows_per_file, seed, neusight_mixed_rows)
     rows += load_deepbench(root)
     return [r for r in rows if _usable(r)]
 

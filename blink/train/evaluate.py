@@ -219,6 +219,7 @@ def figure_units(tables: dict[str, KindTable], res: dict[str, dict], path: Path)
     for ax in list(axes.flat)[len(fams):]:
         ax.axis("off")
     fig.suptitle("Per-unit time, predicted vs measured, leave-one-GPU-out")
+    fig.subplots_adjust(hspace=0.4, wspace=0.3)
     _save(fig, path)
     plt.close(fig)
 
@@ -249,6 +250,8 @@ def figure_batch(tables: dict[str, KindTable], bres: dict[str, dict], mt: ml.Mod
     n = 1 + (mt is not None)
     fig, axes = plt.subplots(1, n, figsize=(6 * n, 4), squeeze=False)
     ax = axes[0][0]
+    colors = dict(zip(sorted(bres), ("tab:blue", "tab:orange", "tab:green", "tab:red",
+                                     "tab:purple", "tab:brown", "tab:pink"), strict=False))
     for k, r in bres.items():
         t = tables[k]
         m = r["test"]
@@ -263,7 +266,7 @@ def figure_batch(tables: dict[str, KindTable], bres: dict[str, dict], mt: ml.Mod
             xs = [float(np.median(b[idx == i])) for i in range(edges.size - 1) if (idx == i).any()]
             ys = [float(np.median(ape[idx == i])) for i in range(edges.size - 1)
                   if (idx == i).any()]
-            ax.plot(xs, ys, ls, marker="o", ms=3, label=f"{k} {p}")
+            ax.plot(xs, ys, ls, marker="o", ms=3, color=colors.get(k), label=f"{k} {p}")
     ax.set_xscale("log")
     ax.set_xlabel("batch (above every batch the trees were fitted on)")
     ax.set_ylabel("median APE %")

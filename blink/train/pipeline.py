@@ -53,7 +53,8 @@ def _m(d: dict[str, float]) -> dict[str, Any]:
 
 
 def train(data: str | Path | None = None, out: str | Path | None = None, *,
-          neusight_rows_per_file: int | None = 6000, rounds: int = NUM_ROUNDS,
+          neusight_rows_per_file: int | None = 6000, neusight_mixed_rows: int | None = None,
+          rounds: int = NUM_ROUNDS,
           timm_cache: str | Path | None = None, command: str = "blink train",
           log: Any = sys.stderr) -> dict[str, Any]:
     """Fit every forest and the conformal table; write models/ and return the card."""
@@ -67,7 +68,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         if log is not None:
             print(f"[{time.time() - t_start:6.1f}s] {msg}", file=log)
 
-    rows = load_units(root, neusight_rows_per_file=neusight_rows_per_file)
+    rows = load_units(root, neusight_rows_per_file=neusight_rows_per_file,
+                      neusight_mixed_rows=neusight_mixed_rows)
     tables = tables_by_kind(rows)
     say(f"{len(rows)} unit rows: " + ", ".join(f"{k} {len(t)}" for k, t in tables.items()))
 
@@ -190,7 +192,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         "splits": {
             "unit": "leave-one-GPU-out over GPU chips (V100 PCIe and SXM2 are one chip); "
                     "NeuSight bmm/linear sampled to "
-                    f"{neusight_rows_per_file} rows per GPU file (random.Random(0))",
+                    f"{neusight_rows_per_file} rows per GPU file, elem/ln/softmax files to "
+                    f"{neusight_mixed_rows or 'all'} rows (random.Random(0))",
             "model": "5 folds of whole timm name families (group_folds, largest first)",
         },
         "metrics": {k: v["metrics"]["trees"] for k, v in forests.items()},
