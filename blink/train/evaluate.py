@@ -177,6 +177,53 @@ def _model_metrics(mt: ml.ModelTable, r: dict[str, np.ndarray], m: np.ndarray,
     return out
 
 
+def model_trees(rows: list[dict[str, Any]], forests: dict[str, Any], n: int) -> dict[str, Any]:
+    """The per-unit forests applied through whole timm models: `n` cached models (every
+    len(rows)/n-th, by name) are re-traced; each unit of a kind with a forest gets
+    analytic * exp(forest), the others keep their analytic time, and the model's predicted time
+    is scaled by (corrected unit-time sum / analytic unit-time sum). The forests never saw an
+    RTX 3090 (nor AMP fp16 models), so this is a held-out-GPU number."""
+    import timm
+    import torch
+
+    from ..cost import trace_features
+    from ..dryrun import trace_model
+    from .data import feature_vector
+    from .timm_cache import GPU
+
+    picked = rows[:: max(1, len(rows) // max(n, 1))][:n]
+    out: dict[str, Any] = {"model": [], "trees_ms": [], "analytic_ms": [], "measured_ms": [],
+                           "batch": [], "family": []}
+    for r in picked:
+        bs, img = int(r["batch"]), int(r["img_size"])
+        with torch.device("meta"):
+            net = timm.create_model(r["model"], pretrained=False)
+        t = trace_model(net, input_shape=(bs, 3, img, img), batch_size=bs, gpu=GPU,
+                        dtype="amp-fp16", mode="inference")
+        feats = trace_features(t, GPU, allow_tf32_matmul=True, allow_tf32_cudnn=True)
+        s_a = s_t = 0.0
+        for f in feats:
+            a = float(f["analytic_time_s"])
+            if not math.isfinite(a):
+                continue
+            s_a += a
+            fo = forests.get(str(f["kind"]))
+            if fo is None:
+                s_t += a
+                continue
+            v = feature_vector(f, GPU)
+            x = np.array([[v.get(k, math.nan) for k in fo.features]])
+            s_t += a * float(np.exp(fo.predict_log_ratio(x))[0])
+        scale = s_t / s_a if s_a > 0 else 1.0
+        out["model"].append(r["model"])
+        out["family"].append(r["family"])
+        out["trees_ms"].append(r["time_ms"] * scale)
+        out["analytic_ms"].append(r["time_ms"])
+        out["measured_ms"].append(r["measured_ms"])
+        out["batch"].append(r["batch"])
+    return {k: np.array(v) for k, v in out.items()}
+
+
 # -- figures --------------------------------------------------------------------------------
 def _plt() -> Any:
     import matplotlib
@@ -292,7 +339,8 @@ def figure_batch(tables: dict[str, KindTable], bres: dict[str, dict], mt: ml.Mod
 def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
              neusight_rows_per_file: int | None = 6000, rounds: int = NUM_ROUNDS,
              timm_cache: str | Path | None = None, figures: bool = True,
-             coverage: float = COVERAGE, log: Any = sys.stderr) -> dict[str, Any]:
+             coverage: float = COVERAGE, model_tree_models: int = 100,
+             log: Any = sys.stderr) -> dict[str, Any]:
     """Run every split, print the tables, write results.json and the PNG figures."""
     t0 = time.time()
     root = public_root(data)
@@ -390,6 +438,17 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
             text.append(table("timm-rtx3090, batch sizes not trained (fitted on batch 1024 "
                               "only; no interval)", bb_rows, PREDICTORS_MODEL))
             results["model_batch"] = {n: m for n, _, m in bb_rows}
+        if model_tree_models > 0:
+            finals = {k: fit_forest(t, rounds=rounds) for k, t in tables.items() if k in res}
+            mtr = model_trees(mt.rows, finals, model_tree_models)
+            meas = mtr["measured_ms"]
+            tr_rows = [(f"{len(meas)} re-traced models", len(meas),
+                        {"analytic": metrics(mtr["analytic_ms"], meas),
+                         "trees": metrics(mtr["trees_ms"], meas)})]
+            text.append(table("timm-rtx3090 through the per-unit forests (all public GPUs in "
+                              "training, RTX 3090 never): unit times corrected, model time "
+                              "scaled by their sum", tr_rows, ("analytic", "trees")))
+            results["model_unit_trees"] = {n: m for n, _, m in tr_rows}
         say(f"model level: {len(mt)} timm models evaluated")
     else:
         text.append(f"(no timm cache at {cache}: model-level rows skipped)")
@@ -432,13 +491,16 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="NeuSight bmm/linear rows per GPU file (default 6000)")
     ap.add_argument("--rounds", type=int, default=NUM_ROUNDS, help="boosting rounds")
     ap.add_argument("--nthread", type=int, default=2, help="XGBoost threads (speed only)")
+    ap.add_argument("--model-trees", type=int, default=100,
+                    help="timm models re-traced to apply the per-unit forests (0: skip)")
     ap.add_argument("--no-figures", action="store_true")
 
 
 def run(a: argparse.Namespace) -> int:
     set_threads(a.nthread)
     evaluate(a.data, a.out, neusight_rows_per_file=a.rows_per_file, rounds=a.rounds,
-             timm_cache=a.timm_cache, figures=not a.no_figures)
+             timm_cache=a.timm_cache, figures=not a.no_figures,
+             model_tree_models=a.model_trees)
     return 0
 
 

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from . import model_level as ml
-from .data import dataset_files, load_units, public_root, sha256_file, tables_by_kind
+from .data import (
+    MATH_MODES,
+    dataset_files,
+    load_units,
+    public_root,
+    sha256_file,
+    tables_by_kind,
+)
 from .fit import CLIP, FOREST_PARAMS, NUM_ROUNDS, conformal_q, fit_forest, metrics, xgb
 from .timm_cache import default_cache_path, load_cache
 from .units import MIN_ROWS, logo
@@ -187,6 +194,13 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         "blink_version": _blink_version(), "command": command,
         "xgboost_version": xgb_mod.__version__,
         "datasets": datasets,
+        "feature_encoding": {
+            "source": "blink::feature_values(UnitFeatures) + analytic_time_s + GPU fields",
+            "bools": "0.0 / 1.0", "math_mode": "blink::MathMode enum index "
+            f"({', '.join(f'{i}={m}' for i, m in enumerate(MATH_MODES))})",
+            "gpu_cc": "10 * major + minor", "gpu_clock_hz": "GpuSpec.clock_hz (boost clock)",
+            "missing": "NaN (XGBoost default direction); absent GPU peaks are 0.0 as in GpuSpec",
+            "prediction": "time_s = analytic_time_s * exp(clip(margin, clip[0], clip[1]))"},
         "forests": forests,
         "conformal": {"file": "conformal.json"},
         "splits": {

@@ -144,6 +144,7 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
     rows = select_models(read_benchmark(src), max_models)
     out = out or default_cache_path()
     out.parent.mkdir(parents=True, exist_ok=True)
+    commit = _git_commit()  # the code that does the tracing, taken before it runs
     done: list[dict[str, Any]] = []
     skipped: Counter[str] = Counter()
     skipped_models: dict[str, str] = {}
@@ -175,7 +176,7 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
         "source": {"path": f"shared/data/public/timm-rtx3090/{SOURCE_FILE}",
                    "sha256": sha256_file(src)},
         "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "blink_commit": _git_commit(), "torch_version": torch.__version__,
+        "blink_commit": commit, "torch_version": torch.__version__,
         "timm_version": timm.__version__, "gpu": GPU, "dtype": "amp-fp16",
         "mode": "inference", "command": "python -m blink.train.timm_cache"
         + ("" if max_models == DEFAULT_MAX_MODELS else f" --max-models {max_models}"),
