@@ -104,7 +104,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
             "clip": list(CLIP), "gpus": sorted(set(t.gpu.tolist())), "rows": len(t),
             "datasets": sorted(set(t.dataset.tolist())),
             "families": sorted(set(t.family.tolist())),
-            "params": {**FOREST_PARAMS, "num_boost_round": rounds},
+            "params": _params(FOREST_PARAMS, rounds),
             "metrics": {"split": "leave-one-GPU-out (chips)",
                         "analytic": _m(metrics(t.analytic_s, t.measured_s)),
                         "trees": _m(metrics(lg.pred_s, t.measured_s, q)),
@@ -147,7 +147,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
                 "n_units": "number of units", "batch": "batch size", "img_size": "input side"},
             "applies_to": {"gpus": ["RTX3090"], "dtype": "amp-fp16", "mode": "inference",
                            "models": "timm image classifiers"},
-            "params": {**ml.MODEL_PARAMS, "num_boost_round": ml.MODEL_ROUNDS},
+            "params": _params(ml.MODEL_PARAMS, ml.MODEL_ROUNDS),
             "rows": len(mt),
             "metrics": {"split": "5 folds of held-out timm families",
                         "analytic": _m(metrics(mt.analytic_ms, mt.measured_ms, q_ana)),
@@ -222,6 +222,11 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     say(f"wrote {out_dir} ({sum(p.stat().st_size for p in out_dir.iterdir()) / 1e6:.2f} MB) "
         f"in {time.time() - t_start:.0f}s")
     return card
+
+
+def _params(p: dict[str, Any], rounds: int) -> dict[str, Any]:
+    # nthread is a speed setting (the trees are the same bytes for any thread count).
+    return {**{k: v for k, v in p.items() if k != "nthread"}, "num_boost_round": rounds}
 
 
 def _blink_version() -> str:
