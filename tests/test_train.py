@@ -312,3 +312,28 @@ def test_import_blink_does_not_import_xgboost():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=REPO)
     assert out.stdout.strip() == "False"
+
+
+def test_cli_train_and_evaluate(tmp_path, capsys):
+    """`blink train` and `blink evaluate` end to end on small slices, through the CLI."""
+    from blink.cli import main
+
+    args = ["--rows-per-file", "150", "--mixed-rows", "300", "--rounds", "8", "--nthread", "1"]
+    assert main(["train", "--out", str(tmp_path / "m"), *args]) == 0
+    card = json.loads((tmp_path / "m" / "card.json").read_text())
+    assert card["command"] == "blink train --rows-per-file 150 --mixed-rows 300"
+    assert {"gemm", "conv"} <= set(card["forests"])
+    capsys.readouterr()
+    assert main(["evaluate", "--out", str(tmp_path / "e"), "--model-trees", "0", *args]) == 0
+    text = capsys.readouterr().out
+    for must in ("leave-one-GPU-out", "roofline", "analytic", "trees", "batch sizes above"):
+        assert must in text
+    res = json.loads((tmp_path / "e" / "results.json").read_text())
+    gemm = res["unit_by_kind"]["gemm"]
+    assert gemm["trees"]["n"] == gemm["analytic"]["n"] > 0
+    assert 0 <= gemm["trees"]["coverage"] <= 1
+    if CACHE.is_file():
+        fam = res["model_families"]["all held-out families"]
+        assert set(fam) == {"roofline", "analytic", "baseline", "correction"}
+    pngs = sorted(p.name for p in (tmp_path / "e").glob("*.png"))
+    assert "unit_pred_vs_measured.png" in pngs and "error_vs_batch.png" in pngs

@@ -15,6 +15,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="re-trace the timm models first (after cost-model changes; minutes)")
     ap.add_argument("--rows-per-file", type=int, default=6000,
                     help="NeuSight bmm/linear rows per GPU file (default 6000)")
+    ap.add_argument("--mixed-rows", type=int, default=None,
+                    help="NeuSight elem/ln/softmax rows per file (default: all)")
     ap.add_argument("--rounds", type=int, default=None, help="boosting rounds per forest")
     ap.add_argument("--nthread", type=int, default=2,
                     help="XGBoost threads: a speed setting only, the artifacts are the same")
@@ -32,8 +34,9 @@ def run(a: argparse.Namespace) -> int:
     if a.refresh_timm:
         build_cache(public_root(a.data), Path(a.timm_cache) if a.timm_cache else None)
     cmd = "blink train" + (f" --rows-per-file {a.rows_per_file}" if a.rows_per_file != 6000
-                           else "")
+                           else "") + (f" --mixed-rows {a.mixed_rows}" if a.mixed_rows else "")
     train(a.data, a.out, neusight_rows_per_file=a.rows_per_file,
+          neusight_mixed_rows=a.mixed_rows,
           rounds=a.rounds or NUM_ROUNDS, timm_cache=a.timm_cache, command=cmd)
     return 0
 

@@ -337,8 +337,8 @@ def figure_batch(tables: dict[str, KindTable], bres: dict[str, dict], mt: ml.Mod
 
 # -- driver ---------------------------------------------------------------------------------
 def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
-             neusight_rows_per_file: int | None = 6000, rounds: int = NUM_ROUNDS,
-             timm_cache: str | Path | None = None, figures: bool = True,
+             neusight_rows_per_file: int | None = 6000, neusight_mixed_rows: int | None = None,
+             rounds: int = NUM_ROUNDS, timm_cache: str | Path | None = None, figures: bool = True,
              coverage: float = COVERAGE, model_tree_models: int = 100,
              log: Any = sys.stderr) -> dict[str, Any]:
     """Run every split, print the tables, write results.json and the PNG figures."""
@@ -351,7 +351,8 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
         if log is not None:
             print(f"[{time.time() - t0:6.1f}s] {msg}", file=log)
 
-    tables = tables_by_kind(load_units(root, neusight_rows_per_file=neusight_rows_per_file))
+    tables = tables_by_kind(load_units(root, neusight_rows_per_file=neusight_rows_per_file,
+                                       neusight_mixed_rows=neusight_mixed_rows))
     res: dict[str, dict] = {}
     bres: dict[str, dict] = {}
     for k, t in tables.items():
@@ -489,6 +490,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--timm-cache", default=None, help="the timm cache (data/derived/...)")
     ap.add_argument("--rows-per-file", type=int, default=6000,
                     help="NeuSight bmm/linear rows per GPU file (default 6000)")
+    ap.add_argument("--mixed-rows", type=int, default=None,
+                    help="NeuSight elem/ln/softmax rows per file (default: all)")
     ap.add_argument("--rounds", type=int, default=NUM_ROUNDS, help="boosting rounds")
     ap.add_argument("--nthread", type=int, default=2, help="XGBoost threads (speed only)")
     ap.add_argument("--model-trees", type=int, default=100,
@@ -498,7 +501,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace) -> int:
     set_threads(a.nthread)
-    evaluate(a.data, a.out, neusight_rows_per_file=a.rows_per_file, rounds=a.rounds,
+    evaluate(a.data, a.out, neusight_rows_per_file=a.rows_per_file,
+             neusight_mixed_rows=a.mixed_rows, rounds=a.rounds,
              timm_cache=a.timm_cache, figures=not a.no_figures,
              model_tree_models=a.model_trees)
     return 0
