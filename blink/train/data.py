@@ -385,7 +385,9 @@ def tables_by_kind(rows: list[UnitSample]) -> dict[str, KindTable]:
             weight=np.array([r.weight for r in rs]), gpu=np.array([r.gpu for r in rs]),
             chip=np.array([chip_of(r.gpu) for r in rs]),
             dataset=np.array([r.dataset for r in rs]), family=np.array([r.family for r in rs]),
-            batch=np.array([r.batch for r in rs]), shape=np.array([r.shape for r in rs]))
+            batch=np.array([r.batch for r in rs]), shape=np.array([r.shape for r in rs]),
+            meta={"math_modes": [m for m in MATH_MODES
+                                 if m in {str(r.feats.get("math_mode")) for r in rs}]})
     return out
 
 

@@ -102,6 +102,9 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         forests[kind] = {
             "file": fname, "target": "log_ratio", "features": list(t.features),
             "clip": list(CLIP), "gpus": sorted(set(t.gpu.tolist())), "rows": len(t),
+            # what the trees saw: a unit outside these is an extrapolation (predict may prefer
+            # the analytic time there)
+            "math_modes": _math_modes(t),
             "datasets": sorted(set(t.dataset.tolist())),
             "families": sorted(set(t.family.tolist())),
             "params": _params(FOREST_PARAMS, rounds),
@@ -222,6 +225,10 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     say(f"wrote {out_dir} ({sum(p.stat().st_size for p in out_dir.iterdir()) / 1e6:.2f} MB) "
         f"in {time.time() - t_start:.0f}s")
     return card
+
+
+def _math_modes(t: Any) -> list[str]:
+    return list(t.meta.get("math_modes", []))
 
 
 def _params(p: dict[str, Any], rounds: int) -> dict[str, Any]:
