@@ -373,19 +373,22 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
         kind_rows.append((k, len(t), _unit_metrics(t, res[k], np.ones(len(t), dtype=bool))))
         for key in sorted(set(zip(t.dataset.tolist(), t.family.tolist(), strict=True))):
             m = (t.dataset == key[0]) & (t.family == key[1])
-            fam_rows.append((f"{key[0][:9]}:{key[1]}", int(m.sum()),
+            fam_rows.append((f"{key[0].split('-')[0]}:{key[1]}", int(m.sum()),
                              _unit_metrics(t, res[k], m)))
     for chip in sorted({c for t in tables.values() for c in t.chip.tolist()}):
         for k, t in tables.items():
             if k not in res:
                 continue
-            m = t.chip == chip
-            if m.any():
-                gpu_rows.append((f"{chip}:{k}", int(m.sum()), _unit_metrics(t, res[k], m)))
+            for ds in sorted(set(t.dataset[t.chip == chip].tolist())):
+                m = (t.chip == chip) & (t.dataset == ds)
+                gpu_rows.append((f"{chip}:{ds.split('-')[0]}:{k}", int(m.sum()),
+                                 _unit_metrics(t, res[k], m)))
     text.append(table("Per unit kind, leave-one-GPU-out (every row predicted by a forest that "
                       "never saw its GPU chip)", kind_rows, PREDICTORS_UNIT))
     text.append(table("Per data-set family, leave-one-GPU-out", fam_rows, PREDICTORS_UNIT))
-    text.append(table("Per held-out GPU chip and unit kind", gpu_rows, PREDICTORS_UNIT))
+    text.append(table("Per held-out GPU chip, data set and unit kind (NeuSight: PyTorch 2.1 "
+                      "FP32; DeepBench: cuBLAS/cuDNN 2016-19 fp32 + fp16 tensor cores)",
+                      gpu_rows, PREDICTORS_UNIT))
     results["unit_by_kind"] = {n: m for n, _, m in kind_rows}
     results["unit_by_family"] = {n: m for n, _, m in fam_rows}
     results["unit_by_gpu"] = {n: m for n, _, m in gpu_rows}
