@@ -59,12 +59,12 @@ def _fmt(x: Any, pct: bool = True) -> str:
 def table(title: str, rows: list[tuple[str, int, dict[str, dict[str, float]]]],
           predictors: tuple[str, ...]) -> str:
     """One row per group: n, then MAPE / median / p90 APE / coverage for each predictor."""
-    head = f"{'':<28} {'n':>6}"
+    head = f"{'':<32} {'n':>6}"
     for p in predictors:
         head += f" | {p:>10} {'MAPE':>6} {'med':>6} {'p90':>7} {'cov':>5}"
     lines = [title, head.replace(" | ", " | ").rstrip(), "-" * len(head)]
     for name, n, m in rows:
-        s = f"{name:<28} {n:>6}"
+        s = f"{name:<32} {n:>6}"
         for p in predictors:
             d = m.get(p, {})
             cov = d.get("coverage")
