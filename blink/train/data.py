@@ -19,7 +19,6 @@ import csv
 import gzip
 import hashlib
 import math
-import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ __all__ = [
     "load_units",
     "public_root",
     "sha256_file",
+    "shape_half",
     "tables_by_kind",
 ]
 
@@ -398,9 +398,3 @@ def shape_half(shapes: np.ndarray, seed: int = 0) -> np.ndarray:
     return np.array([int(hashlib.sha256((salt + s).encode()).hexdigest()[:8], 16) % 2 == 0
                      for s in shapes])
 
-
-def sample_rows(n: int, k: int, seed: int) -> list[int]:
-    """k of range(n), sorted, chosen by random.Random(seed) (all if k >= n)."""
-    if k >= n:
-        return list(range(n))
-    return sorted(random.Random(seed).sample(range(n), k))
