@@ -4,15 +4,15 @@
                                                       [--benchmark-off] [--data DIR]
 
 Every training-mode GEMM and convolution row of DeepBench's NVIDIA workbooks on a GPU the
-hardware table has (P100, V100, T4; fp32, P100 "pseudo fp16", fp16 on tensor cores; see
-shared/data/public/deepbench/README.md) is mapped to the ATen op PyTorch would run
-(blink/data_deepbench.py) and costed by the C++ engine as a lone unit. "roofline" is
-roofline_time_s (direct FLOPs, or a quarter of them where Winograd applies, at spec peaks);
-"blink" is analytic_time_s (the planned cuBLAS / cuDNN kernels: tiles, split-K, Winograd,
-layout transposes). Rows are grouped per family, direction, GPU and precision, with the
-algorithm Blink chose. Nothing here was fitted to these rows. DeepBench forced
-IMPLICIT_PRECOMP_GEMM / ALGO_1 with tensor cores, so fp16_tc backward rows measure kernels
-cuDNN's own choice would avoid.
+hardware table has (P100, V100, T4, GTX 1080 Ti, TITAN Xp, TITAN X Pascal; fp32, P100
+"pseudo fp16", fp16 on tensor cores; see shared/data/public/deepbench/README.md) is mapped to
+the ATen op PyTorch would run (blink/data_deepbench.py) and costed by the C++ engine as a lone
+unit. "roofline" is roofline_time_s (direct FLOPs, or a quarter of them where Winograd
+applies, at spec peaks); "blink" is analytic_time_s (the planned cuBLAS / cuDNN kernels: tiles,
+split-K, Winograd, layout transposes). Rows are grouped per family, direction, GPU and
+precision, with the algorithm Blink chose. Nothing here was fitted to these rows. DeepBench
+forced IMPLICIT_PRECOMP_GEMM / ALGO_1 with tensor cores, so fp16_tc backward rows measure
+kernels cuDNN's own choice would avoid.
 """
 from __future__ import annotations
 

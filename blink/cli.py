@@ -125,6 +125,30 @@ def _cmd_gpus(a: argparse.Namespace) -> int:
     return 0
 
 
+def _add_train_parsers(sub: argparse._SubParsersAction) -> None:
+    """`blink train` and `blink evaluate` (blink.train; xgboost at training time only)."""
+
+    def _train(a: argparse.Namespace) -> int:
+        from .train.__main__ import run
+
+        return run(a)
+
+    def _evaluate(a: argparse.Namespace) -> int:
+        from .train.evaluate import run
+
+        return run(a)
+
+    from .train.__main__ import add_arguments as train_args
+    from .train.evaluate import add_arguments as evaluate_args
+
+    p = sub.add_parser("train", help="fit the per-unit forests and conformal table (models/)")
+    train_args(p)
+    p.set_defaults(func=_train)
+    p = sub.add_parser("evaluate", help="accuracy on held-out GPUs, families and batch sizes")
+    evaluate_args(p)
+    p.set_defaults(func=_evaluate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -160,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .server.cli import add_server_parsers
 
     add_server_parsers(sub)
+    _add_train_parsers(sub)
     sub.add_parser("models", help="list the model zoo").set_defaults(func=_cmd_models)
     sub.add_parser("gpus", help="list the known GPUs").set_defaults(func=_cmd_gpus)
     return parser

@@ -15,14 +15,13 @@ def _core_spec_cached(name: str) -> Any:
     return core_gpu_spec(get_gpu(name))
 
 
-def core_gpu_spec(gpu: GPUSpec | str, boost_window_s: float = BOOST_WINDOW_S) -> Any:
-    """The blink._C.GpuSpec for a hardware-table entry (or its name). boost_window_s: how long
-    an isolated burst of dense math holds boost on a power-capped board (blink.hardware)."""
-    if isinstance(gpu, str) and boost_window_s == BOOST_WINDOW_S:
-        return _core_spec_cached(gpu)
-    gpu = get_gpu(gpu)
+def core_gpu_fields(gpu: GPUSpec | str, boost_window_s: float = BOOST_WINDOW_S) -> dict[str, Any]:
+    """The fields of the blink._C.GpuSpec for a hardware-table entry (its constructor's kwargs;
+    blink.train reads the GPU features of its rows from here). boost_window_s: how long an
+    isolated burst of dense math holds boost on a power-capped board (blink.hardware)."""
+    gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     pf = gpu.peak_flops
-    return _C.GpuSpec(
+    return dict(
         name=gpu.name, sm_count=gpu.sm_count, clock_hz=gpu.boost_clock_mhz * 1e6,
         mem_bw=gpu.memory_bandwidth_bytes_per_s, l2_bytes=float(gpu.l2_bytes),
         peak_fp32=pf["fp32"], peak_tf32=pf.get("tf32") or 0.0,
@@ -32,6 +31,13 @@ def core_gpu_spec(gpu: GPUSpec | str, boost_window_s: float = BOOST_WINDOW_S) ->
         sustained_fp32_ratio=gpu.sustained_fp32_ratio,
         sustained_tc_ratio=gpu.sustained_tc_ratio, boost_window_s=boost_window_s,
     )
+
+
+def core_gpu_spec(gpu: GPUSpec | str, boost_window_s: float = BOOST_WINDOW_S) -> Any:
+    """The blink._C.GpuSpec for a hardware-table entry (or its name)."""
+    if isinstance(gpu, str) and boost_window_s == BOOST_WINDOW_S:
+        return _core_spec_cached(gpu)
+    return _C.GpuSpec(**core_gpu_fields(gpu, boost_window_s))
 
 
 # blink::ConvAlgo codes (csrc/include/blink/kernel_plan.h), the "conv_algo" feature's values.

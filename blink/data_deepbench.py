@@ -9,9 +9,9 @@ event-timed eager call.
 
 Mapping (what PyTorch's CUDA backend runs for the same problem):
 
-- ``gemm`` rows (column-major ``C(m x n) = op(A) op(B)``): ``aten::mm`` of an (m, k) by a
-  (k, n) matrix; a ``T`` operand is the transpose of a contiguous one (strides (1, m) or
-  (1, k)). cuBLAS sees the same problem either way.
+- ``gemm`` rows (column-major ``C(m x n) = op(A) op(B)``): the ``aten::mm`` whose cuBLAS call
+  this is (PyTorch passes its row-major operands swapped, so ``mm`` of an (n, k) by a (k, m)
+  matrix; a ``T`` operand is a transposed view).
 - ``conv`` rows: ``fwd`` is ``aten::convolution`` (input (n, c, h, w), weight (k, c, r, s), no
   bias, dilation 1, groups 1); ``bwd_data`` / ``bwd_filter`` are ``aten::convolution_backward``
   with output_mask (1, 0, 0) / (0, 1, 0). ``fp16_tc`` rows ran NHWC in the benchmark, so their
@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cost import tensor_arg
-
 __all__ = ["DEVICES", "FAMILIES", "Row", "data_dir", "load", "map_row", "predict"]
 
 FAMILIES = ("gemm", "conv")
@@ -46,10 +44,12 @@ DEVICES: dict[str, str] = {
     "Tesla P100": "P100",
     "Tesla V100": "V100",
     "Tesla T4": "T4",
+    "GeForce GTX 1080 Ti": "GTX1080Ti",
+    "TITAN Xp": "TITANXp",
+    "TITAN X (Pascal)": "TITANX-Pascal",
 }
 
 _DTYPE = {"fp32": 6, "fp16": 5, "fp16_tc": 5}
-_INT, _BOOL, _INT_LIST, _NONE = 3, 5, 7, 0
 
 
 @dataclass(frozen=True)
@@ -107,37 +107,15 @@ def load(root: Path, family: str) -> Iterator[Row]:
 
 
 def map_row(row: Row) -> tuple[str, list, list]:
-    """(ATen op name, raw inputs, raw outputs) PyTorch would run for the row."""
+    """(ATen op name, raw inputs, raw outputs) PyTorch would run for the row: the mapping
+    blink.train uses for its DeepBench rows (blink/train/data.py), so both see the same op."""
+    from .train.data import deepbench_conv_op, deepbench_gemm_op
+
     dt = _DTYPE[row.precision]
     s = row.shape
     if row.family == "gemm":
-        m, n, k = s["m"], s["n"], s["k"]
-        a = tensor_arg((m, k), dt, None if s["a_trans"] == "N" else (1, m), -1)
-        b = tensor_arg((k, n), dt, None if s["b_trans"] == "N" else (1, k), -2)
-        return "aten::mm", [a, b], [tensor_arg((m, n), dt, None, 1)]
-    nhwc = row.precision == "fp16_tc"
-
-    def t(shape: tuple[int, int, int, int], sid: int) -> tuple:
-        if not nhwc:
-            return tensor_arg(shape, dt, None, sid)
-        n_, c_, h_, w_ = shape
-        return tensor_arg(shape, dt, (h_ * w_ * c_, 1, w_ * c_, c_), sid)
-
-    x = t((s["n"], s["c"], s["h"], s["w"]), -1)
-    w = t((s["k"], s["c"], s["r"], s["s"]), -2)
-    geo = [(_INT_LIST, [s["stride_h"], s["stride_w"]]), (_INT_LIST, [s["pad_h"], s["pad_w"]]),
-           (_INT_LIST, [1, 1]), (_BOOL, False), (_INT_LIST, [0, 0]), (_INT, 1)]
-    y_shape = (s["n"], s["k"], s["out_h"], s["out_w"])
-    if row.direction == "fwd":
-        return "aten::convolution", [x, w, (_NONE, None), *geo], [t(y_shape, 1)]
-    go = t(y_shape, -3)
-    if row.direction == "bwd_data":
-        mask, outs = [1, 0, 0], [t((s["n"], s["c"], s["h"], s["w"]), 2), (_NONE, None),
-                                 (_NONE, None)]
-    else:
-        mask, outs = [0, 1, 0], [(_NONE, None), t((s["k"], s["c"], s["r"], s["s"]), 3),
-                                 (_NONE, None)]
-    return "aten::convolution_backward", [go, x, w, (_NONE, None), *geo, (_INT_LIST, mask)], outs
+        return deepbench_gemm_op(s["m"], s["n"], s["k"], s["a_trans"], s["b_trans"], dt)
+    return deepbench_conv_op(s, row.direction, dt, row.precision == "fp16_tc")
 
 
 def predict(row: Row, cudnn_benchmark: bool = True) -> dict[str, Any]:

@@ -1,0 +1,51 @@
+"""python -m blink.train: fit the forests and the conformal table into models/."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--data", default=None, help="the shared/data/public folder "
+                    "(default: ../shared/data/public beside the repository)")
+    ap.add_argument("--out", default=None, help="artifact folder (default models/)")
+    ap.add_argument("--timm-cache", default=None,
+                    help="model-level cache (default data/derived/timm_rtx3090_infer.csv.gz)")
+    ap.add_argument("--refresh-timm", action="store_true",
+                    help="re-trace the timm models first (after cost-model changes; minutes)")
+    ap.add_argument("--rows-per-file", type=int, default=6000,
+                    help="NeuSight bmm/linear rows per GPU file (default 6000)")
+    ap.add_argument("--mixed-rows", type=int, default=None,
+                    help="NeuSight elem/ln/softmax rows per file (default: all)")
+    ap.add_argument("--rounds", type=int, default=None, help="boosting rounds per forest")
+    ap.add_argument("--nthread", type=int, default=2,
+                    help="XGBoost threads: a speed setting only, the artifacts are the same")
+
+
+def run(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .data import public_root
+    from .fit import NUM_ROUNDS, set_threads
+    from .pipeline import train
+    from .timm_cache import build_cache
+
+    set_threads(a.nthread)
+    if a.refresh_timm:
+        build_cache(public_root(a.data), Path(a.timm_cache) if a.timm_cache else None)
+    cmd = "blink train" + (f" --rows-per-file {a.rows_per_file}" if a.rows_per_file != 6000
+                           else "") + (f" --mixed-rows {a.mixed_rows}" if a.mixed_rows else "")
+    train(a.data, a.out, neusight_rows_per_file=a.rows_per_file,
+          neusight_mixed_rows=a.mixed_rows,
+          rounds=a.rounds or NUM_ROUNDS, timm_cache=a.timm_cache, command=cmd)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m blink.train", description=__doc__)
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

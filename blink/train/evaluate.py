@@ -1,0 +1,515 @@
+"""`blink evaluate` / `python -m blink.train.evaluate`: accuracy on held-out GPUs, families and
+batch sizes, with an ablation in one run.
+
+Per unit (NeuSight + DeepBench kernels), every number is for rows whose GPU chip the forest never
+saw (leave-one-GPU-out), or whose batch lies above every batch it was fitted on:
+
+- roofline: the unit's roofline time (blink::roofline_time_s);
+- analytic: blink's analytic time (blink::analytic_time_s), what predict uses without trees;
+- trees: analytic * exp(forest), the forest fitted without the held-out GPU.
+
+Intervals: the conformal q for a held-out GPU is calibrated without it (pair_q: each other GPU's
+residuals under a forest fitted without that GPU and without the held-out one); for analytic, q
+is the quantile of the other GPUs' analytic residuals.
+
+Model level (timm-rtx3090, cached blink predictions): 5 folds of held-out name families;
+roofline (the predicted timeline's lower bound), analytic (blink.predict time_ms), the
+whole-model baseline (params, FLOPs, batch, image size) and the model-level correction; their q
+from out-of-fold residuals inside the training families only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import model_level as ml
+from .data import KindTable, load_units, public_root, shape_half, tables_by_kind
+from .fit import NUM_ROUNDS, conformal_q, fit_forest, group_folds, metrics, set_threads
+from .pipeline import COVERAGE, repo_root
+from .timm_cache import default_cache_path, load_cache
+from .units import MIN_ROWS, logo, pair_train_mask
+
+__all__ = ["evaluate", "main"]
+
+PREDICTORS_UNIT = ("roofline", "analytic", "trees")
+PREDICTORS_MODEL = ("roofline", "analytic", "baseline", "correction")
+# The batch-extrapolation split: rows above this quantile of their family's batch values are
+# the test set; the forest is fitted on the rest.
+BATCH_QUANTILE = 0.75
+
+
+def default_out_dir() -> Path:
+    return repo_root() / "benchmarks" / "results" / "accuracy"
+
+
+# -- formatting -----------------------------------------------------------------------------
+def _fmt(x: Any, pct: bool = True) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.1f}" if pct else f"{x}"
+
+
+def table(title: str, rows: list[tuple[str, int, dict[str, dict[str, float]]]],
+          predictors: tuple[str, ...]) -> str:
+    """One row per group: n, then MAPE / median / p90 APE / coverage for each predictor."""
+    head = f"{'':<32} {'n':>6}"
+    for p in predictors:
+        head += f" | {p:>10} {'MAPE':>6} {'med':>6} {'p90':>7} {'cov':>5}"
+    lines = [title, head.replace(" | ", " | ").rstrip(), "-" * len(head)]
+    for name, n, m in rows:
+        s = f"{name:<32} {n:>6}"
+        for p in predictors:
+            d = m.get(p, {})
+            cov = d.get("coverage")
+            s += (f" | {'':>10} {_fmt(d.get('mape')):>6} {_fmt(d.get('median_ape')):>6} "
+                  f"{_fmt(d.get('p90_ape')):>7} "
+                  f"{'-' if cov is None or not math.isfinite(cov) else f'{100 * cov:.0f}%':>5}")
+        lines.append(s)
+    return "\n".join(lines)
+
+
+# -- per unit -------------------------------------------------------------------------------
+class _PairForests:
+    """Forests fitted without two chips, memoised (F_{g,h} = F_{h,g})."""
+
+    def __init__(self, t: KindTable, rounds: int) -> None:
+        self.t, self.rounds = t, rounds
+        self.memo: dict[frozenset[str], Any] = {}
+
+    def residuals_on(self, h: str, without: str) -> np.ndarray:
+        key = frozenset((h, without))
+        if key not in self.memo:
+            train = pair_train_mask(self.t, h, without)
+            self.memo[key] = fit_forest(self.t.subset(train), rounds=self.rounds) \
+                if train.any() else None
+        f = self.memo[key]
+        cal = self.t.chip == h
+        if f is None:
+            return np.array([])
+        return np.log(self.t.measured_s[cal] / f.predict_s(self.t.subset(cal)))
+
+
+def unit_logo(t: KindTable, rounds: int, coverage: float) -> dict[str, Any]:
+    """Held-out-GPU predictions and interval bounds of every row of one kind."""
+    lg = logo(t, rounds=rounds)
+    pairs = _PairForests(t, rounds)
+    q_trees = np.full(len(t), math.nan)
+    q_ana = np.full(len(t), math.nan)
+    for c in lg.chips:
+        test = t.chip == c
+        others = [h for h in lg.chips if h != c]
+        res = [pairs.residuals_on(h, c) for h in others]
+        q_trees[test] = conformal_q(np.abs(np.concatenate(res)), coverage) if res else math.inf
+        q_ana[test] = conformal_q(np.abs(np.log(t.measured_s[~test] / t.analytic_s[~test])),
+                                  coverage)
+    return {"trees": lg.pred_s, "q_trees": q_trees, "q_analytic": q_ana}
+
+
+def _unit_metrics(t: KindTable, r: dict[str, Any], m: np.ndarray) -> dict[str, dict]:
+    out = {"roofline": metrics(t.roofline_s[m], t.measured_s[m]),
+           "analytic": metrics(t.analytic_s[m], t.measured_s[m]),
+           "trees": metrics(r["trees"][m], t.measured_s[m])}
+    meas = t.measured_s[m]
+    for p, q in (("analytic", r["q_analytic"][m]), ("trees", r["q_trees"][m])):
+        pred = t.analytic_s[m] if p == "analytic" else r["trees"][m]
+        out[p]["coverage"] = float(np.mean(np.abs(np.log(meas / pred)) <= q)) if m.any() \
+            else math.nan
+    return out
+
+
+def batch_split(t: KindTable, rounds: int, coverage: float) -> dict[str, Any] | None:
+    """Fit on rows at or below their family's BATCH_QUANTILE batch (a shape-hashed half of
+    them; the other half calibrates q), test on the rows above it."""
+    test = np.zeros(len(t), dtype=bool)
+    for fam in sorted(set(t.family.tolist())):
+        f = t.family == fam
+        thr = np.quantile(t.batch[f], BATCH_QUANTILE)
+        test |= f & (t.batch > thr)
+    if test.sum() < 20 or (~test).sum() < 50:
+        return None
+    cal = shape_half(t.shape) & ~test
+    fit = ~test & ~cal
+    forest = fit_forest(t.subset(fit), rounds=rounds)
+    q = conformal_q(np.abs(np.log(t.measured_s[cal] / forest.predict_s(t.subset(cal)))),
+                    coverage)
+    q_ana = conformal_q(np.abs(np.log(t.measured_s[~test] / t.analytic_s[~test])), coverage)
+    pred = np.full(len(t), math.nan)
+    pred[test] = forest.predict_s(t.subset(test))
+    return {"test": test, "trees": pred, "q_trees": np.full(len(t), q),
+            "q_analytic": np.full(len(t), q_ana)}
+
+
+# -- model level ----------------------------------------------------------------------------
+def model_folds(mt: ml.ModelTable, coverage: float, k: int = 5) -> dict[str, np.ndarray]:
+    """Held-out-family predictions (and per-row q) of every model-level predictor."""
+    n = len(mt)
+    out = {p: np.full(n, math.nan) for p in PREDICTORS_MODEL}
+    qs = {p: np.full(n, math.nan) for p in PREDICTORS_MODEL}
+    out["roofline"] = mt.roofline_ms.copy()
+    out["analytic"] = mt.analytic_ms.copy()
+    for test in group_folds(mt.family, k):
+        train = ~test
+        qs["analytic"][test] = conformal_q(
+            np.abs(np.log(mt.measured_ms[train] / mt.analytic_ms[train])), coverage)
+        for p in ("baseline", "correction"):
+            out[p][test] = ml.fit_predict(mt, p, train, test)
+            qs[p][test] = ml.conformal_oof(mt, p, train, coverage, k=k - 1)
+    out.update({f"q_{p}": q for p, q in qs.items()})
+    return out
+
+
+def _model_metrics(mt: ml.ModelTable, r: dict[str, np.ndarray], m: np.ndarray,
+                   predictors: tuple[str, ...] = PREDICTORS_MODEL) -> dict[str, dict]:
+    out = {}
+    for p in predictors:
+        d = metrics(r[p][m], mt.measured_ms[m])
+        q = r.get(f"q_{p}")
+        if q is not None and np.isfinite(q[m]).any():
+            d["coverage"] = float(np.mean(np.abs(np.log(mt.measured_ms[m] / r[p][m])) <= q[m]))
+        out[p] = d
+    return out
+
+
+def model_trees(rows: list[dict[str, Any]], forests: dict[str, Any], n: int) -> dict[str, Any]:
+    """The per-unit forests applied through whole timm models: `n` cached models (every
+    len(rows)/n-th, by name) are re-traced; each unit of a kind with a forest gets
+    analytic * exp(forest), the others keep their analytic time, and the model's predicted time
+    is scaled by (corrected unit-time sum / analytic unit-time sum). The forests never saw an
+    RTX 3090 (nor AMP fp16 models), so this is a held-out-GPU number."""
+    import timm
+    import torch
+
+    from ..cost import trace_features
+    from ..dryrun import trace_model
+    from .data import feature_vector
+    from .timm_cache import GPU
+
+    picked = rows[:: max(1, len(rows) // max(n, 1))][:n]
+    out: dict[str, Any] = {"model": [], "trees_ms": [], "analytic_ms": [], "measured_ms": [],
+                           "batch": [], "family": []}
+    for r in picked:
+        bs, img = int(r["batch"]), int(r["img_size"])
+        with torch.device("meta"):
+            net = timm.create_model(r["model"], pretrained=False)
+        t = trace_model(net, input_shape=(bs, 3, img, img), batch_size=bs, gpu=GPU,
+                        dtype="amp-fp16", mode="inference")
+        feats = trace_features(t, GPU, allow_tf32_matmul=True, allow_tf32_cudnn=True)
+        s_a = s_t = 0.0
+        for f in feats:
+            a = float(f["analytic_time_s"])
+            if not math.isfinite(a):
+                continue
+            s_a += a
+            fo = forests.get(str(f["kind"]))
+            if fo is None:
+                s_t += a
+                continue
+            v = feature_vector(f, GPU)
+            x = np.array([[v.get(k, math.nan) for k in fo.features]])
+            s_t += a * float(np.exp(fo.predict_log_ratio(x))[0])
+        scale = s_t / s_a if s_a > 0 else 1.0
+        out["model"].append(r["model"])
+        out["family"].append(r["family"])
+        out["trees_ms"].append(r["time_ms"] * scale)
+        out["analytic_ms"].append(r["time_ms"])
+        out["measured_ms"].append(r["measured_ms"])
+        out["batch"].append(r["batch"])
+    return {k: np.array(v) for k, v in out.items()}
+
+
+# -- figures --------------------------------------------------------------------------------
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"figure.dpi": 100, "font.size": 8, "svg.hashsalt": "blink",
+                         "path.simplify": False})
+    return plt
+
+
+def _save(fig: Any, path: Path) -> None:
+    # No Software / date metadata: the same data give the same bytes.
+    fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
+
+
+def figure_units(tables: dict[str, KindTable], res: dict[str, dict], path: Path) -> None:
+    plt = _plt()
+    fams = [(k, f) for k, t in tables.items() if k in res for f in sorted(set(t.family.tolist()))]
+    cols = 3
+    rows = max(1, math.ceil(len(fams) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.6 * rows), squeeze=False)
+    for ax, (k, fam) in zip(axes.flat, fams, strict=False):
+        t, r = tables[k], res[k]
+        m = t.family == fam
+        meas = t.measured_s[m] * 1e3
+        ax.scatter(meas, t.analytic_s[m] * 1e3, s=3, alpha=0.35, c="tab:gray", label="analytic",
+                   rasterized=True)
+        ax.scatter(meas, r["trees"][m] * 1e3, s=3, alpha=0.35, c="tab:blue",
+                   label="trees (GPU held out)", rasterized=True)
+        lo, hi = float(np.min(meas)), float(np.max(meas))
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{k} / {fam} (n={int(m.sum())})")
+        ax.set_xlabel("measured ms")
+        ax.set_ylabel("predicted ms")
+        ax.legend(loc="upper left", markerscale=3, fontsize=7)
+    for ax in list(axes.flat)[len(fams):]:
+        ax.axis("off")
+    fig.suptitle("Per-unit time, predicted vs measured, leave-one-GPU-out")
+    fig.subplots_adjust(hspace=0.4, wspace=0.3)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def figure_models(mt: ml.ModelTable, r: dict[str, np.ndarray], path: Path) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), squeeze=False)
+    meas = mt.measured_ms
+    for ax, p, c in zip(axes.flat, ("analytic", "baseline", "correction"),
+                        ("tab:gray", "tab:orange", "tab:blue"), strict=True):
+        ax.scatter(meas, r[p], s=5, alpha=0.5, c=c, rasterized=True)
+        lo, hi = float(meas.min()), float(meas.max())
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ape = np.abs(r[p] - meas) / meas * 100
+        ax.set_title(f"{p}: MAPE {ape.mean():.1f}%, median {np.median(ape):.1f}%")
+        ax.set_xlabel("measured ms per batch (RTX 3090, AMP fp16)")
+        ax.set_ylabel("predicted ms")
+    fig.suptitle(f"timm models, held-out families ({len(mt)} models)")
+    _save(fig, path)
+    plt.close(fig)
+
+
+def figure_batch(tables: dict[str, KindTable], bres: dict[str, dict], mt: ml.ModelTable | None,
+                 mres: dict[str, np.ndarray] | None, path: Path) -> None:
+    plt = _plt()
+    n = 1 + (mt is not None)
+    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4), squeeze=False)
+    ax = axes[0][0]
+    colors = dict(zip(sorted(bres), ("tab:blue", "tab:orange", "tab:green", "tab:red",
+                                     "tab:purple", "tab:brown", "tab:pink"), strict=False))
+    for k, r in bres.items():
+        t = tables[k]
+        m = r["test"]
+        b = t.batch[m]
+        for p, ls in (("analytic", "--"), ("trees", "-")):
+            pred = t.analytic_s[m] if p == "analytic" else r["trees"][m]
+            ape = np.abs(pred - t.measured_s[m]) / t.measured_s[m] * 100
+            edges = np.unique(np.quantile(b, np.linspace(0, 1, 7)))
+            if edges.size < 2:
+                continue
+            idx = np.clip(np.searchsorted(edges, b, side="right") - 1, 0, edges.size - 2)
+            xs = [float(np.median(b[idx == i])) for i in range(edges.size - 1) if (idx == i).any()]
+            ys = [float(np.median(ape[idx == i])) for i in range(edges.size - 1)
+                  if (idx == i).any()]
+            ax.plot(xs, ys, ls, marker="o", ms=3, color=colors.get(k), label=f"{k} {p}")
+    ax.set_xscale("log")
+    ax.set_xlabel("batch (above every batch the trees were fitted on)")
+    ax.set_ylabel("median APE %")
+    ax.set_title("Per-unit error vs batch size (unseen batches)")
+    ax.legend(fontsize=6, ncol=2)
+    if mt is not None and mres is not None:
+        ax = axes[0][1]
+        bs = np.unique(mt.batch)
+        for p in ("analytic", "baseline", "correction"):
+            ape = np.abs(mres[p] - mt.measured_ms) / mt.measured_ms * 100
+            ys = [float(np.median(ape[mt.batch == b])) for b in bs]
+            ax.plot(bs, ys, marker="o", ms=3, label=p)
+        ax.set_xscale("log")
+        ax.set_xlabel("benchmark batch size")
+        ax.set_ylabel("median APE % (held-out families)")
+        ax.set_title("timm models: error vs batch size")
+        ax.legend(fontsize=7)
+    _save(fig, path)
+    plt.close(fig)
+
+
+# -- driver ---------------------------------------------------------------------------------
+def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
+             neusight_rows_per_file: int | None = 6000, neusight_mixed_rows: int | None = None,
+             rounds: int = NUM_ROUNDS, timm_cache: str | Path | None = None, figures: bool = True,
+             coverage: float = COVERAGE, model_tree_models: int = 100,
+             log: Any = sys.stderr) -> dict[str, Any]:
+    """Run every split, print the tables, write results.json and the PNG figures."""
+    t0 = time.time()
+    root = public_root(data)
+    out_dir = Path(out) if out is not None else default_out_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def say(msg: str) -> None:
+        if log is not None:
+            print(f"[{time.time() - t0:6.1f}s] {msg}", file=log)
+
+    tables = tables_by_kind(load_units(root, neusight_rows_per_file=neusight_rows_per_file,
+                                       neusight_mixed_rows=neusight_mixed_rows))
+    res: dict[str, dict] = {}
+    bres: dict[str, dict] = {}
+    for k, t in tables.items():
+        if len(t) < MIN_ROWS or len(set(t.chip.tolist())) < 2:
+            continue
+        res[k] = unit_logo(t, rounds, coverage)
+        b = batch_split(t, rounds, coverage)
+        if b is not None:
+            bres[k] = b
+        say(f"{k}: {len(t)} rows evaluated")
+
+    text: list[str] = []
+    results: dict[str, Any] = {"coverage_nominal": coverage}
+    fam_rows, gpu_rows, kind_rows = [], [], []
+    for k, t in tables.items():
+        if k not in res:
+            continue
+        kind_rows.append((k, len(t), _unit_metrics(t, res[k], np.ones(len(t), dtype=bool))))
+        for key in sorted(set(zip(t.dataset.tolist(), t.family.tolist(), strict=True))):
+            m = (t.dataset == key[0]) & (t.family == key[1])
+            fam_rows.append((f"{key[0].split('-')[0]}:{key[1]}", int(m.sum()),
+                             _unit_metrics(t, res[k], m)))
+    for chip in sorted({c for t in tables.values() for c in t.chip.tolist()}):
+        for k, t in tables.items():
+            if k not in res:
+                continue
+            for ds in sorted(set(t.dataset[t.chip == chip].tolist())):
+                m = (t.chip == chip) & (t.dataset == ds)
+                gpu_rows.append((f"{chip}:{ds.split('-')[0]}:{k}", int(m.sum()),
+                                 _unit_metrics(t, res[k], m)))
+    text.append(table("Per unit kind, leave-one-GPU-out (every row predicted by a forest that "
+                      "never saw its GPU chip)", kind_rows, PREDICTORS_UNIT))
+    text.append(table("Per data-set family, leave-one-GPU-out", fam_rows, PREDICTORS_UNIT))
+    text.append(table("Per held-out GPU chip, data set and unit kind (NeuSight: PyTorch 2.1 "
+                      "FP32; DeepBench: cuBLAS/cuDNN 2016-19 fp32 + fp16 tensor cores)",
+                      gpu_rows, PREDICTORS_UNIT))
+    results["unit_by_kind"] = {n: m for n, _, m in kind_rows}
+    results["unit_by_family"] = {n: m for n, _, m in fam_rows}
+    results["unit_by_gpu"] = {n: m for n, _, m in gpu_rows}
+
+    b_rows = []
+    for k, r in bres.items():
+        t = tables[k]
+        for fam in sorted(set(t.family[r["test"]].tolist())):
+            m = r["test"] & (t.family == fam)
+            thr = int(np.quantile(t.batch[t.family == fam], BATCH_QUANTILE))
+            b_rows.append((f"{k}:{fam} b>{thr}", int(m.sum()), _unit_metrics(t, r, m)))
+    text.append(table(f"Per unit, batch sizes above the {int(BATCH_QUANTILE * 100)}th "
+                      "percentile of each family (trees fitted on the smaller ones, all GPUs)",
+                      b_rows, PREDICTORS_UNIT))
+    results["unit_batch"] = {n: m for n, _, m in b_rows}
+
+    mt = None
+    mres = None
+    cache = Path(timm_cache) if timm_cache is not None else default_cache_path()
+    if cache.is_file():
+        mt = ml.table(load_cache(cache))
+        mres = model_folds(mt, coverage)
+        allm = np.ones(len(mt), dtype=bool)
+        m_rows = [("all held-out families", len(mt), _model_metrics(mt, mres, allm))]
+        fams, counts = np.unique(mt.family, return_counts=True)
+        order = sorted(range(len(fams)), key=lambda i: (-counts[i], fams[i]))
+        for i in order[:15]:
+            m = mt.family == fams[i]
+            m_rows.append((f"family {fams[i]}", int(m.sum()), _model_metrics(mt, mres, m)))
+        rest = ~np.isin(mt.family, fams[order[:15]])
+        if rest.any():
+            m_rows.append((f"other {len(order) - 15} families", int(rest.sum()),
+                           _model_metrics(mt, mres, rest)))
+        text.append(table(f"timm-rtx3090 (AMP fp16 inference, RTX 3090), 5 folds of held-out "
+                          f"families ({len(set(mt.family.tolist()))} families)", m_rows,
+                          PREDICTORS_MODEL))
+        results["model_families"] = {n: m for n, _, m in m_rows}
+        # Unseen batch sizes: fitted on the batch-1024 models, tested on every other batch.
+        trn = mt.batch == 1024
+        tst = ~trn
+        if tst.sum() >= 10:
+            br = {"roofline": mt.roofline_ms, "analytic": mt.analytic_ms}
+            for p in ("baseline", "correction"):
+                v = np.full(len(mt), math.nan)
+                v[tst] = ml.fit_predict(mt, p, trn, tst)
+                br[p] = v
+            bb_rows = [(f"batch {int(b)}", int((mt.batch == b).sum()),
+                        _model_metrics(mt, br, mt.batch == b))
+                       for b in sorted(set(mt.batch[tst].tolist()))]
+            bb_rows.append(("all batch < 1024", int(tst.sum()), _model_metrics(mt, br, tst)))
+            text.append(table("timm-rtx3090, batch sizes not trained (fitted on batch 1024 "
+                              "only; no interval)", bb_rows, PREDICTORS_MODEL))
+            results["model_batch"] = {n: m for n, _, m in bb_rows}
+        if model_tree_models > 0:
+            finals = {k: fit_forest(t, rounds=rounds) for k, t in tables.items() if k in res}
+            mtr = model_trees(mt.rows, finals, model_tree_models)
+            meas = mtr["measured_ms"]
+            tr_rows = [(f"{len(meas)} re-traced models", len(meas),
+                        {"analytic": metrics(mtr["analytic_ms"], meas),
+                         "trees": metrics(mtr["trees_ms"], meas)})]
+            text.append(table("timm-rtx3090 through the per-unit forests (all public GPUs in "
+                              "training, RTX 3090 never): unit times corrected, model time "
+                              "scaled by their sum", tr_rows, ("analytic", "trees")))
+            results["model_unit_trees"] = {n: m for n, _, m in tr_rows}
+        say(f"model level: {len(mt)} timm models evaluated")
+    else:
+        text.append(f"(no timm cache at {cache}: model-level rows skipped)")
+
+    report = "\n\n".join(text)
+    print(report)
+    (out_dir / "accuracy.txt").write_text(report + "\n")
+    (out_dir / "results.json").write_text(json.dumps(_jsonable(results), indent=1) + "\n")
+    if figures:
+        figure_units(tables, res, out_dir / "unit_pred_vs_measured.png")
+        if mt is not None and mres is not None:
+            figure_models(mt, mres, out_dir / "timm_pred_vs_measured.png")
+        figure_batch(tables, bres, mt, mres, out_dir / "error_vs_batch.png")
+    say(f"wrote {out_dir}")
+    return results
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, float):
+        return round(x, 5) if math.isfinite(x) else None
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m blink.train.evaluate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    a = ap.parse_args(argv)
+    return run(a)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--data", default=None, help="the shared/data/public folder")
+    ap.add_argument("--out", default=None,
+                    help="output folder (default benchmarks/results/accuracy)")
+    ap.add_argument("--timm-cache", default=None, help="the timm cache (data/derived/...)")
+    ap.add_argument("--rows-per-file", type=int, default=6000,
+                    help="NeuSight bmm/linear rows per GPU file (default 6000)")
+    ap.add_argument("--mixed-rows", type=int, default=None,
+                    help="NeuSight elem/ln/softmax rows per file (default: all)")
+    ap.add_argument("--rounds", type=int, default=NUM_ROUNDS, help="boosting rounds")
+    ap.add_argument("--nthread", type=int, default=2, help="XGBoost threads (speed only)")
+    ap.add_argument("--model-trees", type=int, default=100,
+                    help="timm models re-traced to apply the per-unit forests (0: skip)")
+    ap.add_argument("--no-figures", action="store_true")
+
+
+def run(a: argparse.Namespace) -> int:
+    set_threads(a.nthread)
+    evaluate(a.data, a.out, neusight_rows_per_file=a.rows_per_file,
+             neusight_mixed_rows=a.mixed_rows, rounds=a.rounds,
+             timm_cache=a.timm_cache, figures=not a.no_figures,
+             model_tree_models=a.model_trees)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""Fitting the per-unit forests (XGBoost, imported here and only at training time), held-out
+splits and split-conformal quantiles."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .data import KindTable
+
+__all__ = [
+    "CLIP",
+    "FOREST_PARAMS",
+    "Forest",
+    "conformal_q",
+    "fit_forest",
+    "group_folds",
+    "metrics",
+    "xgb",
+]
+
+# Prediction p of a forest is clipped to this range before exp: at most a factor e^3 = 20x
+# away from the analytic time, whatever the trees say off the ends of their data.
+CLIP = (-3.0, 3.0)
+
+# Small, regularised forests: shallow trees (artifact size, and generality across GPUs over
+# fitting the shapes at hand), shrinkage 0.1, row/column subsampling with a fixed seed,
+# nthread=2 (deterministic: XGBoost's hist method is deterministic for a fixed thread count).
+FOREST_PARAMS: dict[str, Any] = {
+    "objective": "reg:squarederror",
+    "tree_method": "hist",
+    "max_depth": 5,
+    "eta": 0.1,
+    "subsample": 0.8,
+    "colsample_bytree": 0.8,
+    "min_child_weight": 5.0,
+    "lambda": 1.0,
+    "max_bin": 256,
+    "seed": 0,
+    "nthread": 2,
+}
+# XGBoost's hist trees are the same bytes for any thread count (checked in tests/test_train.py),
+# so the thread count is a speed setting only; on a loaded 2-core machine 1 is faster.
+
+NUM_ROUNDS = 120
+
+
+def xgb() -> Any:
+    """The xgboost module (training only; `import blink` never needs it)."""
+    try:
+        import xgboost
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "blink train needs xgboost at training time: pip install xgboost-cpu "
+            "(pinned in requirements-dev.txt); prediction does not need it") from exc
+    return xgboost
+
+
+@dataclass
+class Forest:
+    """A fitted booster with its input feature names."""
+
+    booster: Any
+    features: list[str]
+
+    def predict_log_ratio(self, X: np.ndarray) -> np.ndarray:
+        d = xgb().DMatrix(X, missing=math.nan, feature_names=self.features, nthread=1)
+        return np.clip(self.booster.predict(d), CLIP[0], CLIP[1])
+
+    def predict_s(self, t: KindTable) -> np.ndarray:
+        return t.analytic_s * np.exp(self.predict_log_ratio(t.X))
+
+
+def set_threads(n: int) -> None:
+    """Threads for every later fit (FOREST_PARAMS and the model-level forests)."""
+    from . import model_level
+
+    FOREST_PARAMS["nthread"] = int(n)
+    model_level.MODEL_PARAMS["nthread"] = int(n)
+
+
+def fit_forest(t: KindTable, *, rounds: int = NUM_ROUNDS,
+               params: dict[str, Any] | None = None) -> Forest:
+    """Fit log(measured / analytic) on the rows of `t` (weighted)."""
+    X = xgb()
+    p = dict(FOREST_PARAMS)
+    if params:
+        p.update(params)
+    d = X.DMatrix(t.X, label=t.y, weight=t.weight, missing=math.nan, feature_names=t.features,
+                  nthread=p["nthread"])
+    return Forest(X.train(p, d, num_boost_round=rounds), list(t.features))
+
+
+def group_folds(groups: np.ndarray, k: int) -> list[np.ndarray]:
+    """GroupKFold-style: the distinct groups, sorted, dealt into k folds by descending size
+    (largest first to the currently smallest fold; ties by name), so folds are balanced and
+    every group lies in exactly one. Returns a boolean test mask per fold."""
+    names, counts = np.unique(groups, return_counts=True)
+    order = sorted(range(len(names)), key=lambda i: (-counts[i], str(names[i])))
+    sizes = [0] * k
+    members: list[list[str]] = [[] for _ in range(k)]
+    for i in order:
+        j = min(range(k), key=lambda f: (sizes[f], f))
+        sizes[j] += int(counts[i])
+        members[j].append(str(names[i]))
+    return [np.isin(groups.astype(str), m) for m in members if m]
+
+
+def conformal_q(abs_residuals: np.ndarray, coverage: float) -> float:
+    """Split-conformal quantile: the ceil((n+1) * coverage)-th smallest |residual| (the
+    interval pred*exp(-q) .. pred*exp(q) then covers a new exchangeable row with probability
+    >= coverage). inf if n is too small for that coverage."""
+    r = np.sort(np.abs(np.asarray(abs_residuals, dtype=np.float64)))
+    n = r.size
+    rank = math.ceil((n + 1) * coverage)
+    if n == 0 or rank > n:
+        return math.inf
+    return float(r[rank - 1])
+
+
+def metrics(pred: np.ndarray, meas: np.ndarray, q: float | None = None) -> dict[str, float]:
+    """MAPE, median and p90 absolute percentage error (in %), and, given a conformal q, the
+    fraction of rows inside pred*exp(-q) .. pred*exp(q)."""
+    ape = np.abs(pred - meas) / meas * 100.0
+    out = {"n": int(ape.size), "mape": float(np.mean(ape)) if ape.size else math.nan,
+           "median_ape": float(np.median(ape)) if ape.size else math.nan,
+           "p90_ape": float(np.percentile(ape, 90)) if ape.size else math.nan}
+    if q is not None:
+        inside = np.abs(np.log(meas / pred)) <= q
+        out["coverage"] = float(np.mean(inside)) if ape.size else math.nan
+    return out

@@ -1,0 +1,135 @@
+"""Model-level predictors for data that has only whole-model times (timm-rtx3090).
+
+- ``baseline``: what the simple predictors in this field do: a forest on whole-model features
+  only (params, FLOPs, batch, image size) predicting log(measured time).
+- ``correction``: a forest on blink's model-level features (analytic time, roofline time, host
+  time, per-kind time shares, FLOPs, bytes, params, batch) predicting log(measured / analytic),
+  the same kind of bounded correction the per-unit trees learn.
+
+Both are evaluated with held-out families (group_folds over the timm name's family prefix).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .fit import CLIP, conformal_q, group_folds, xgb
+from .timm_cache import KINDS
+
+__all__ = ["BASELINE_FEATURES", "CORRECTION_FEATURES", "ModelTable", "fit_predict", "table"]
+
+BASELINE_FEATURES = ["log_params", "log_flops", "batch", "img_size"]
+CORRECTION_FEATURES = (["log_analytic_ms", "log_roofline_ms", "log_host_ms", "gpu_bound",
+                        "log_flops", "log_bytes", "log_params", "batch", "img_size",
+                        "n_units"] + [f"share_{k}" for k in KINDS] +
+                       [f"eff_{k}" for k in ("gemm", "conv", "elementwise", "norm")])
+
+MODEL_PARAMS: dict[str, Any] = {
+    "objective": "reg:squarederror", "tree_method": "hist", "max_depth": 3, "eta": 0.05,
+    "subsample": 0.8, "colsample_bytree": 0.8, "min_child_weight": 5.0, "lambda": 5.0,
+    "seed": 0, "nthread": 2,
+}
+MODEL_ROUNDS = 200
+
+
+class ModelTable:
+    """The cached timm rows as arrays."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self.model = np.array([r["model"] for r in rows])
+        self.family = np.array([r["family"] for r in rows])
+        self.measured_ms = np.array([r["measured_ms"] for r in rows])
+        self.analytic_ms = np.array([r["time_ms"] for r in rows])
+        self.roofline_ms = np.array([r["lower_ms"] for r in rows])
+        self.batch = np.array([r["batch"] for r in rows])
+        self.X_base = np.array([[_base(r)[k] for k in BASELINE_FEATURES] for r in rows])
+        self.X_corr = np.array([[_corr(r)[k] for k in CORRECTION_FEATURES] for r in rows])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else math.nan
+
+
+def _base(r: dict[str, Any]) -> dict[str, float]:
+    return {"log_params": _log(r["params"]), "log_flops": _log(r["flops"]),
+            "batch": r["batch"], "img_size": r["img_size"]}
+
+
+def _corr(r: dict[str, Any]) -> dict[str, float]:
+    busy = sum(r[f"t_{k}"] for k in KINDS) or 1.0
+    d = {"log_analytic_ms": _log(r["time_ms"]), "log_roofline_ms": _log(r["roofline_ms"]),
+         "log_host_ms": _log(r["host_ms"]), "gpu_bound": float(r["gpu_busy_ms"] >= r["host_ms"]),
+         "log_flops": _log(r["flops"]), "log_bytes": _log(r["bytes"]),
+         "log_params": _log(r["params"]), "batch": r["batch"], "img_size": r["img_size"],
+         "n_units": r["n_units"]}
+    for k in KINDS:
+        d[f"share_{k}"] = r[f"t_{k}"] / busy
+    for k in ("gemm", "conv", "elementwise", "norm"):
+        # roofline / analytic of the kind: how far from its roofline the analytic model put it
+        d[f"eff_{k}"] = r[f"r_{k}"] / r[f"t_{k}"] if r[f"t_{k}"] > 0 else math.nan
+    return d
+
+
+def table(rows: list[dict[str, Any]]) -> ModelTable:
+    return ModelTable(rows)
+
+
+def _fit(X: np.ndarray, y: np.ndarray, names: list[str]) -> Any:
+    x = xgb()
+    d = x.DMatrix(X, label=y, missing=math.nan, feature_names=names,
+                  nthread=MODEL_PARAMS["nthread"])
+    return x.train(MODEL_PARAMS, d, num_boost_round=MODEL_ROUNDS)
+
+
+def _pred(b: Any, X: np.ndarray, names: list[str]) -> np.ndarray:
+    d = xgb().DMatrix(X, missing=math.nan, feature_names=names, nthread=1)
+    return b.predict(d)
+
+
+def fit_predict(t: ModelTable, which: str, train: np.ndarray,
+                test: np.ndarray) -> np.ndarray:
+    """Fit `which` ("baseline" | "correction") on rows `train`, predict ms for rows `test`."""
+    if which == "baseline":
+        b = _fit(t.X_base[train], np.log(t.measured_ms[train]), BASELINE_FEATURES)
+        return np.exp(_pred(b, t.X_base[test], BASELINE_FEATURES))
+    b = _fit(t.X_corr[train], np.log(t.measured_ms[train] / t.analytic_ms[train]),
+             CORRECTION_FEATURES)
+    p = np.clip(_pred(b, t.X_corr[test], CORRECTION_FEATURES), CLIP[0], CLIP[1])
+    return t.analytic_ms[test] * np.exp(p)
+
+
+def fit_correction(t: ModelTable) -> Any:
+    """The shipped model-level correction, fitted on every cached row."""
+    return _fit(t.X_corr, np.log(t.measured_ms / t.analytic_ms), CORRECTION_FEATURES)
+
+
+def oof(t: ModelTable, which: str, mask: np.ndarray, k: int = 5) -> np.ndarray:
+    """Out-of-fold predictions (ms) for the rows in `mask`, folds over whole families drawn
+    from those rows only; NaN outside `mask`."""
+    out = np.full(len(t), math.nan)
+    idx = np.flatnonzero(mask)
+    for test in group_folds(t.family[idx], k):
+        tr, te = idx[~test], idx[test]
+        out[te] = fit_predict(t, which, _mask(len(t), tr), _mask(len(t), te))
+    return out
+
+
+def _mask(n: int, idx: np.ndarray) -> np.ndarray:
+    m = np.zeros(n, dtype=bool)
+    m[idx] = True
+    return m
+
+
+def conformal_oof(t: ModelTable, which: str, mask: np.ndarray, coverage: float,
+                  k: int = 5) -> float:
+    """q from the out-of-fold residuals over the families in `mask` (calibration rows are
+    always predicted by a model that never saw their family)."""
+    p = oof(t, which, mask, k)
+    r = np.abs(np.log(t.measured_ms[mask] / p[mask]))
+    return conformal_q(r, coverage)

@@ -1,0 +1,229 @@
+"""The model-level timm set: blink's prediction for each benchmarked timm model, cached.
+
+``timm-rtx3090`` (shared/data/public; read its README) holds whole-model AMP fp16 inference
+step times of about 1,100 timm models on one RTX 3090. Each row is rebuilt here: the timm model
+at random init on meta, at the benchmark's batch and image size, traced and predicted by blink
+(``dtype="amp-fp16"``, inference, GPU "RTX 3090", TF32 on as timm's benchmark set it). Rows
+whose built param count is more than 1% off the benchmark's are skipped (re-parameterised or
+changed models). Tracing is the CPU-heavy part, so the results (analytic totals, FLOPs,
+params, per-kind time sums) are cached in ``data/derived/timm_rtx3090_infer.csv.gz`` with a
+provenance JSON beside it. Re-create after cost-model changes with::
+
+    python -m blink.train.timm_cache            # or: blink train --refresh-timm
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import gzip
+import hashlib
+import io
+import json
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CACHE_NAME", "KINDS", "build_cache", "family_of", "load_cache", "select_models"]
+
+CACHE_NAME = "timm_rtx3090_infer.csv.gz"
+SOURCE_FILE = "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv.gz"
+GPU = "RTX 3090"
+# Unit kinds whose time sums are cached (blink::unit_kind_name), in column order.
+KINDS = ("gemm", "conv", "attention", "norm", "softmax", "reduction", "elementwise",
+         "embedding", "copy", "other")
+# Weight-source prefixes that are not architecture names (tf_efficientnet is efficientnet).
+_SOURCE_PREFIX = re.compile(r"^(?:tf|gluon|legacy|ig|ssl|swsl|tv|hf)_")
+PARAM_TOLERANCE = 0.01
+DEFAULT_MAX_MODELS = 700
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def default_cache_path() -> Path:
+    return repo_root() / "data" / "derived" / CACHE_NAME
+
+
+def family_of(model: str) -> str:
+    """The timm name's family prefix: its leading letters after a weight-source prefix
+    (resnet50d -> resnet, tf_efficientnet_b3 -> efficientnet, vit_base_patch16_224 -> vit)."""
+    m = re.match(r"[a-z]+", _SOURCE_PREFIX.sub("", model))
+    return m.group(0) if m else model
+
+
+def read_benchmark(path: Path) -> list[dict[str, str]]:
+    with gzip.open(path, "rt", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def select_models(rows: list[dict[str, str]], max_models: int) -> list[dict[str, str]]:
+    """A deterministic subsample spread over families: families in name order, round-robin,
+    each family's models in the order of a hash of their name."""
+    by: dict[str, list[dict[str, str]]] = {}
+    for r in rows:
+        by.setdefault(family_of(r["model"]), []).append(r)
+    for fam in by:
+        by[fam].sort(key=lambda r: hashlib.sha256(r["model"].encode()).hexdigest())
+    out: list[dict[str, str]] = []
+    depth = 0
+    while len(out) < max_models and any(depth < len(v) for v in by.values()):
+        for fam in sorted(by):
+            if depth < len(by[fam]) and len(out) < max_models:
+                out.append(by[fam][depth])
+        depth += 1
+    return sorted(out, key=lambda r: r["model"])
+
+
+def _git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "blink", "csrc"],
+                               cwd=repo_root(), capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def predict_row(r: dict[str, str]) -> dict[str, Any]:
+    """blink's prediction for one benchmark row (raises on a failed build, trace or param
+    mismatch)."""
+    import timm
+    import torch
+
+    from ..dryrun import trace_model
+    from ..predict import predict_trace
+
+    name = r["model"]
+    bs, img = int(r["infer_batch_size"]), int(r["infer_img_size"])
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False)
+    params = sum(p.numel() for p in model.parameters())
+    want = float(r["param_count"]) * 1e6
+    if abs(params - want) > PARAM_TOLERANCE * want:
+        raise ValueError(f"param count {params / 1e6:.2f}M != benchmark {want / 1e6:.2f}M")
+    t = trace_model(model, input_shape=(bs, 3, img, img), batch_size=bs, gpu=GPU,
+                    dtype="amp-fp16", mode="inference")
+    # timm's benchmark.py sets cudnn.benchmark and matmul.allow_tf32 = True.
+    p = predict_trace(t, GPU, allow_tf32_matmul=True, allow_tf32_cudnn=True)
+    out: dict[str, Any] = {
+        "model": name, "family": family_of(name), "img_size": img, "batch": bs,
+        "measured_ms": float(r["infer_step_time"]), "param_count_m": float(r["param_count"]),
+        "params": params, "gmacs": float(r["infer_gmacs"] or "nan"),
+        "macts_m": float(r["infer_macts"] or "nan"),
+        "time_ms": p.time_ms, "lower_ms": p.lower_ms, "host_ms": p.host_ms,
+        "gpu_busy_ms": p.gpu_busy_ms, "n_units": len(p.units),
+        "flops": sum(u.flops for u in p.units), "bytes": sum(u.bytes for u in p.units),
+        "roofline_ms": sum(u.roofline_ms for u in p.units),
+    }
+    for k in KINDS:
+        out[f"t_{k}"] = 0.0
+        out[f"r_{k}"] = 0.0
+        out[f"n_{k}"] = 0
+    for u in p.units:
+        k = u.kind if u.kind in KINDS else "other"
+        out[f"t_{k}"] += u.time_ms
+        out[f"r_{k}"] += u.roofline_ms
+        out[f"n_{k}"] += 1
+    return out
+
+
+def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFAULT_MAX_MODELS,
+                log: Any = sys.stderr) -> Path:
+    """Trace and predict the selected benchmark rows; write the cache and its provenance."""
+    import timm
+    import torch
+
+    src = data_root / "timm-rtx3090" / SOURCE_FILE
+    rows = select_models(read_benchmark(src), max_models)
+    out = out or default_cache_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    commit = _git_commit()  # the code that does the tracing, taken before it runs
+    done: list[dict[str, Any]] = []
+    skipped: Counter[str] = Counter()
+    skipped_models: dict[str, str] = {}
+    t0 = time.time()
+    for i, r in enumerate(rows):
+        try:
+            done.append(predict_row(r))
+        except Exception as exc:  # noqa: BLE001 - a model that cannot be rebuilt is skipped
+            why = type(exc).__name__ + (": param count mismatch" if "param count" in str(exc)
+                                        else "")
+            skipped[why] += 1
+            skipped_models[r["model"]] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        if log is not None and (i + 1) % 50 == 0:
+            print(f"timm cache: {i + 1}/{len(rows)} models, {len(done)} kept, "
+                  f"{time.time() - t0:.0f}s", file=log)
+    cols = list(done[0].keys()) if done else ["model"]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for d in done:
+        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in d.items()})
+    # mtime=0: the same rows give the same bytes.
+    with open(out, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz:
+        gz.write(buf.getvalue().encode())
+    from .data import sha256_file
+
+    prov = {
+        "format_version": 1, "file": out.name,
+        "source": {"path": f"shared/data/public/timm-rtx3090/{SOURCE_FILE}",
+                   "sha256": sha256_file(src)},
+        "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "blink_commit": commit, "torch_version": torch.__version__,
+        "timm_version": timm.__version__, "gpu": GPU, "dtype": "amp-fp16",
+        "mode": "inference", "command": "python -m blink.train.timm_cache"
+        + ("" if max_models == DEFAULT_MAX_MODELS else f" --max-models {max_models}"),
+        "selection": f"up to {max_models} of {len(read_benchmark(src))} rows, round-robin over "
+                     "name families (select_models)",
+        "param_tolerance": PARAM_TOLERANCE, "attempted": len(rows), "kept": len(done),
+        "skipped": dict(sorted(skipped.items())), "skipped_models": skipped_models,
+        "seconds": round(time.time() - t0, 1),
+    }
+    out.with_suffix("").with_suffix(".provenance.json").write_text(
+        json.dumps(prov, indent=1, sort_keys=False) + "\n")
+    return out
+
+
+def load_cache(path: Path | None = None) -> list[dict[str, Any]]:
+    """The cached rows, numbers parsed."""
+    path = path or default_cache_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no timm cache; create it with "
+                                "`python -m blink.train.timm_cache`")
+    with gzip.open(path, "rt", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    out = []
+    for r in rows:
+        d: dict[str, Any] = {}
+        for k, v in r.items():
+            if k in ("model", "family"):
+                d[k] = v
+            else:
+                d[k] = float(v)
+        out.append(d)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .data import public_root
+
+    ap = argparse.ArgumentParser(prog="python -m blink.train.timm_cache", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None, help="the shared/data/public folder")
+    ap.add_argument("--out", default=None, help=f"cache path (default data/derived/{CACHE_NAME})")
+    ap.add_argument("--max-models", type=int, default=DEFAULT_MAX_MODELS)
+    a = ap.parse_args(argv)
+    path = build_cache(public_root(a.data), Path(a.out) if a.out else None, a.max_models)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,339 @@
+"""blink.train on small real slices of the public data: real xgboost, the real C++ features."""
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+xgboost = pytest.importorskip("xgboost", reason="training needs xgboost-cpu "
+                              "(requirements-dev.txt)")
+
+from blink import data_public  # noqa: E402
+from blink.train import data as D  # noqa: E402
+from blink.train import fit as F  # noqa: E402
+from blink.train import model_level as ML  # noqa: E402
+from blink.train import timm_cache as TC  # noqa: E402
+from blink.train.units import logo, logo_splits, pair_train_mask  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "models"
+CACHE = REPO / "data" / "derived" / TC.CACHE_NAME
+
+try:
+    ROOT = D.public_root()
+except FileNotFoundError as exc:  # pragma: no cover - depends on the workspace
+    pytest.skip(f"public data sets not found: {exc}", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    F.set_threads(1)
+    yield
+
+
+@pytest.fixture(scope="module")
+def small_tables():
+    """~300 rows per NeuSight file (bmm, linear per GPU; elem, ln, softmax all GPUs) plus all
+    DeepBench GEMM/conv training rows."""
+    return D.tables_by_kind(D.load_units(ROOT, neusight_rows_per_file=300,
+                                         neusight_mixed_rows=600))
+
+
+@pytest.fixture(scope="module")
+def elem_table():
+    """The whole NeuSight element-wise file: ~1,650 rows per GPU."""
+    from blink.hardware import get_gpu
+
+    out = []
+    for r in data_public.load_family(ROOT / "neusight-train", "elem"):
+        out.append(D.UnitSample("neusight-train", "elem", get_gpu(r.gpu).name,
+                                data_public.predict(r), r.latency_s, r.dims[0],
+                                f"elem:{r.op}:{r.dims}"))
+    return D.tables_by_kind(out)["elementwise"]
+
+
+# -- rows and features ----------------------------------------------------------------------
+def test_deepbench_rows_cost_the_workbook_flops():
+    """The mapped ATen ops do the work DeepBench reports: its tflops_reported * time is
+    2mnk (GEMM) and 2 n k c r s P Q (conv) for the workbooks without fractional P/Q."""
+    rows = D.load_deepbench(ROOT, gpus=["V100", "T4"])
+    assert {r.family for r in rows} == {"gemm", "conv_fwd", "conv_bwd_data", "conv_bwd_filter"}
+    by_shape = {}
+    with gzip.open(ROOT / "deepbench" / "gemm.csv.gz", "rt") as fh:
+        for rec in csv.DictReader(fh):
+            if (rec["gpu"], rec["precision"], rec["mode"]) == ("Tesla V100", "fp32", "train"):
+                by_shape[f"gemm:fp32:{rec['m']}x{rec['n']}x{rec['k']}:{rec['a_trans']}"
+                         f"{rec['b_trans']}"] = rec
+    checked = 0
+    for r in rows:
+        if r.gpu == "V100" and r.shape in by_shape:
+            rec = by_shape[r.shape]
+            reported = float(rec["tflops_reported"]) * 1e12 * float(rec["time_us"]) * 1e-6
+            assert r.feats["flops"] == pytest.approx(reported, rel=0.01)
+            assert r.feats["kind"] == "gemm" and r.feats["math_mode"] == "fp32_simt"
+            checked += 1
+    assert checked > 100
+    conv = [r for r in rows if r.family.startswith("conv") and r.gpu == "T4"]
+    assert all(r.feats["kind"] == "conv" for r in conv)
+    fp16 = [r for r in conv if r.shape.startswith("conv:fp16_tc")]
+    assert fp16 and all(r.feats["math_mode"] == "fp16_tc" for r in fp16)
+    # fwd and each single backward pass do one convolution's worth of FLOPs
+    fwd = {r.shape.split(":", 3)[3]: r.feats["flops"] for r in conv if r.family == "conv_fwd"}
+    for r in conv:
+        if r.family in ("conv_bwd_data", "conv_bwd_filter"):
+            assert r.feats["flops"] == fwd[r.shape.split(":", 3)[3]]
+
+
+def test_deepbench_transposed_gemm_is_a_strided_view():
+    op, ins, outs = D.deepbench_gemm_op(64, 32, 16, "T", "N", 6)
+    assert op == "aten::mm"
+    (_, x), (_, y) = ins
+    assert x[0] == (32, 16) and x[1] == (16, 1)    # cuBLAS B (N): X contiguous (n, k)
+    assert y[0] == (16, 64) and y[1] == (1, 16)    # cuBLAS A (T): Y a transposed view
+    f = D.unit_features(op, ins, outs, "T4")
+    assert f["flops"] == 2 * 64 * 32 * 16
+
+
+def test_feature_vector_has_the_contract_names(small_tables):
+    names = set()
+    for t in small_tables.values():
+        names |= set(t.features)
+    assert "analytic_time_s" in names
+    assert set(D.GPU_FEATURES) & names
+    f = D.unit_features("aten::mm", *D.deepbench_gemm_op(64, 64, 64, "N", "N", 6)[1:], "T4")
+    allowed = (set(f) - {"kind", "host_dispatch_time_s"}) | set(D.GPU_FEATURES)
+    assert names <= allowed
+    v = D.feature_vector(f, "T4")
+    assert v["math_mode"] == D.MATH_MODES.index("fp32_simt")
+    assert v["gpu_cc"] == 75.0 and v["gpu_sm_count"] == 40.0
+
+
+# -- splits ---------------------------------------------------------------------------------
+def test_logo_never_trains_on_the_held_out_gpu(small_tables):
+    t = small_tables["gemm"]
+    splits = logo_splits(t)
+    assert len(splits) >= 5
+    seen = np.zeros(len(t), dtype=int)
+    for chip, train, test in splits:
+        assert not np.any(t.chip[train] == chip)
+        assert np.all(t.chip[test] == chip)
+        assert not np.any(train & test)
+        seen += test
+        # board variants of one chip are held out together
+        if chip == "V100":
+            assert set(t.gpu[test].tolist()) == {"V100", "V100-PCIe"}
+            assert not np.isin(t.gpu[train], ["V100", "V100-PCIe"]).any()
+    assert np.all(seen == 1)
+    for h in sorted(set(t.chip.tolist()) - {"T4"}):
+        m = pair_train_mask(t, h, "T4")
+        assert not np.isin(t.chip[m], [h, "T4"]).any() and m.any()
+
+
+def test_timm_family_grouping_holds_out_whole_families():
+    assert TC.family_of("tf_efficientnet_b3") == "efficientnet"
+    assert TC.family_of("resnet50d") == "resnet"
+    assert TC.family_of("vit_base_patch16_224") == "vit"
+    rows = TC.read_benchmark(ROOT / "timm-rtx3090" / TC.SOURCE_FILE)
+    fam = np.array([TC.family_of(r["model"]) for r in rows])
+    folds = F.group_folds(fam, 5)
+    assert len(folds) == 5
+    assert np.all(np.sum(folds, axis=0) == 1)          # every row in exactly one fold
+    for test in folds:
+        assert not set(fam[test].tolist()) & set(fam[~test].tolist())
+    sizes = [int(m.sum()) for m in folds]
+    assert max(sizes) - min(sizes) <= max(np.unique(fam, return_counts=True)[1])
+    sel = TC.select_models(rows, 120)
+    assert len(sel) == 120 and len({TC.family_of(r["model"]) for r in sel}) >= 60
+    assert sel == TC.select_models(rows, 120)
+
+
+# -- determinism, artifacts -----------------------------------------------------------------
+def test_forest_bytes_do_not_depend_on_thread_count(small_tables):
+    t = small_tables["norm"]
+    out = []
+    for n in (1, 2):
+        F.set_threads(n)
+        out.append(F.fit_forest(t, rounds=15).booster.save_raw("json"))
+    F.set_threads(1)
+    assert out[0] == out[1]
+
+
+def _train(tmp: Path, name: str) -> dict:
+    from blink.train.pipeline import train
+
+    cache = CACHE if CACHE.is_file() else None
+    return train(out=tmp / name, neusight_rows_per_file=200, neusight_mixed_rows=400, rounds=12,
+                 timm_cache=cache or tmp / "none.csv.gz", log=None)
+
+
+def test_training_is_deterministic_and_the_card_validates(tmp_path):
+    a = _train(tmp_path, "a")
+    b = _train(tmp_path, "b")
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in files:
+        if name != "card.json":
+            assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    a.pop("created")
+    b.pop("created")
+    assert a == b
+    _validate(tmp_path / "a")
+
+
+def _validate(d: Path) -> None:
+    card = json.loads((d / "card.json").read_text())
+    assert card["format_version"] == 1 and card["feature_schema_version"] == 1
+    names = {ds["name"] for ds in card["datasets"]}
+    assert {"neusight-train", "deepbench"} <= names
+    for ds in card["datasets"]:
+        assert ds["rows"] > 0
+        for f in ds["files"]:
+            rel = Path(f["path"]).relative_to("shared/data/public")
+            assert hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() == f["sha256"]
+    assert {"gemm", "conv", "elementwise", "norm", "softmax"} <= set(card["forests"])
+    for kind, fc in card["forests"].items():
+        booster = xgboost.Booster()
+        booster.load_model(str(d / fc["file"]))
+        assert booster.num_features() == len(fc["features"])
+        assert booster.feature_names == fc["features"]
+        assert fc["target"] == "log_ratio" and fc["clip"][0] < 0 < fc["clip"][1]
+        assert len(fc["gpus"]) >= 2, kind
+        m = fc["metrics"]
+        assert m["trees"]["n"] == fc["rows"] and math.isfinite(m["trees"]["mape"])
+    conf = json.loads((d / card["conformal"]["file"]).read_text())
+    assert conf["format_version"] == 1 and conf["coverage"] == 0.9
+    assert set(conf["unit"]) == set(card["forests"])
+    assert all(0 < v["q"] < 5 and v["n"] > 0 for v in conf["unit"].values())
+
+
+@pytest.mark.skipif(not (MODELS / "card.json").is_file(), reason="no shipped models/card.json")
+def test_shipped_artifacts_validate():
+    _validate(MODELS)
+    size = sum(p.stat().st_size for p in MODELS.iterdir())
+    assert size < 8e6, f"models/ is {size / 1e6:.1f} MB"
+
+
+def test_shipped_forest_predictions_are_xgboosts(small_tables):
+    """The committed forest predicts through xgboost with the card's feature order."""
+    if not (MODELS / "card.json").is_file():
+        pytest.skip("no shipped models/card.json")
+    card = json.loads((MODELS / "card.json").read_text())
+    t = small_tables["softmax"]
+    fc = card["forests"]["softmax"]
+    idx = [t.features.index(n) if n in t.features else -1 for n in fc["features"]]
+    X = np.array([[row[i] if i >= 0 else math.nan for i in idx] for row in t.X])
+    booster = xgboost.Booster()
+    booster.load_model(str(MODELS / fc["file"]))
+    p = booster.predict(xgboost.DMatrix(X, feature_names=fc["features"]))
+    assert np.all(np.isfinite(p))
+    # in-sample the correction must beat the uncorrected analytic time
+    err_ana = np.median(np.abs(t.y))
+    err_tree = np.median(np.abs(t.y - np.clip(p, *fc["clip"])))
+    assert err_tree < err_ana
+
+
+# -- conformal ------------------------------------------------------------------------------
+def test_conformal_quantile_is_the_split_conformal_rank():
+    r = np.arange(1, 101, dtype=float)       # 1..100
+    assert F.conformal_q(r, 0.9) == 91.0     # ceil(101 * 0.9) = 91st smallest
+    assert F.conformal_q(np.arange(5.0), 0.9) == math.inf
+
+
+def test_conformal_coverage_on_a_held_out_split_is_nominal(elem_table):
+    """Forest on three GPUs; the two others' rows split by shape into calibration and test
+    halves; the interval from the calibration half covers 90% +- 3 points of the test half."""
+    t = elem_table
+    held = np.isin(t.chip, ["A100-40GB", "P100"])
+    forest = F.fit_forest(t.subset(~held), rounds=40)
+    half = D.shape_half(t.shape, seed=1)
+    cal, test = held & half, held & ~half
+    assert cal.sum() > 1000 and test.sum() > 1000
+    res = np.abs(np.log(t.measured_s[cal] / forest.predict_s(t.subset(cal))))
+    q = F.conformal_q(res, 0.9)
+    m = F.metrics(forest.predict_s(t.subset(test)), t.measured_s[test], q)
+    assert abs(m["coverage"] - 0.9) <= 0.03, m
+    # and the trees beat the analytic model on GPUs they never saw
+    assert m["mape"] < F.metrics(t.analytic_s[test], t.measured_s[test])["mape"]
+
+
+def test_logo_trees_beat_analytic_on_held_out_gpus(small_tables):
+    t = small_tables["norm"]
+    lg = logo(t, rounds=30)
+    assert np.all(np.isfinite(lg.pred_s))
+    trees = F.metrics(lg.pred_s, t.measured_s)["mape"]
+    ana = F.metrics(t.analytic_s, t.measured_s)["mape"]
+    assert trees < ana
+
+
+# -- model level ----------------------------------------------------------------------------
+@pytest.mark.skipif(not CACHE.is_file(), reason="no data/derived timm cache")
+def test_model_level_cache_and_held_out_family_fit():
+    rows = TC.load_cache(CACHE)
+    prov = json.loads(CACHE.with_suffix("").with_suffix(".provenance.json").read_text())
+    assert prov["kept"] == len(rows) >= 100 and prov["torch_version"]
+    src = ROOT / "timm-rtx3090" / TC.SOURCE_FILE
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == prov["source"]["sha256"]
+    bench = {r["model"]: r for r in TC.read_benchmark(src)}
+    for r in rows:      # every kept model was rebuilt at the benchmark's params (1%)
+        want = float(bench[r["model"]]["param_count"]) * 1e6
+        assert abs(r["params"] / want - 1) <= 0.011
+    mt = ML.table(rows)
+    fold = F.group_folds(mt.family, 5)[0]
+    p = ML.fit_predict(mt, "correction", ~fold, fold)
+    assert np.all(np.isfinite(p)) and np.all(p > 0)
+    q = ML.conformal_oof(mt, "correction", ~fold, 0.9, k=4)
+    assert 0 < q < 3
+
+
+def test_timm_cache_builder_skips_mismatched_params(tmp_path):
+    """Two real rows rebuilt: one whose param count matches, one forced to mismatch."""
+    first: dict[str, dict] = {}
+    for r in TC.read_benchmark(ROOT / "timm-rtx3090" / TC.SOURCE_FILE):
+        first.setdefault(r["model"], r)
+    rows = [first["resnet18"], first["mobilenetv3_small_050"]]
+    ok = TC.predict_row(rows[0])
+    assert ok["time_ms"] > 0 and ok["t_conv"] > 0
+    assert ok["batch"] == int(rows[0]["infer_batch_size"])
+    bad = dict(rows[1], param_count=str(float(rows[1]["param_count"]) * 1.5))
+    with pytest.raises(ValueError, match="param count"):
+        TC.predict_row(bad)
+
+
+def test_import_blink_does_not_import_xgboost():
+    code = "import sys, blink, blink.train; print('xgboost' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=REPO)
+    assert out.stdout.strip() == "False"
+
+
+def test_cli_train_and_evaluate(tmp_path, capsys):
+    """`blink train` and `blink evaluate` end to end on small slices, through the CLI."""
+    from blink.cli import main
+
+    args = ["--rows-per-file", "150", "--mixed-rows", "300", "--rounds", "8", "--nthread", "1"]
+    assert main(["train", "--out", str(tmp_path / "m"), *args]) == 0
+    card = json.loads((tmp_path / "m" / "card.json").read_text())
+    assert card["command"] == "blink train --rows-per-file 150 --mixed-rows 300"
+    assert {"gemm", "conv"} <= set(card["forests"])
+    capsys.readouterr()
+    assert main(["evaluate", "--out", str(tmp_path / "e"), "--model-trees", "0", *args]) == 0
+    text = capsys.readouterr().out
+    for must in ("leave-one-GPU-out", "roofline", "analytic", "trees", "batch sizes above"):
+        assert must in text
+    res = json.loads((tmp_path / "e" / "results.json").read_text())
+    gemm = res["unit_by_kind"]["gemm"]
+    assert gemm["trees"]["n"] == gemm["analytic"]["n"] > 0
+    assert 0 <= gemm["trees"]["coverage"] <= 1
+    if CACHE.is_file():
+        fam = res["model_families"]["all held-out families"]
+        assert set(fam) == {"roofline", "analytic", "baseline", "correction"}
+    pngs = sorted(p.name for p in (tmp_path / "e").glob("*.png"))
+    assert "unit_pred_vs_measured.png" in pngs and "error_vs_batch.png" in pngs
