@@ -59,6 +59,11 @@ inline constexpr double kSimtElementwiseEfficiency = 0.5;
 // convolutions and attention. 0 for a unit without kernels.
 double analytic_time_s(const UnitFeatures& f, const GpuSpec& gpu);
 
+// Time of one cuDNN RNN call (UnitKind::kRnn; csrc/core/rnn.cpp): the per-layer input GEMMs
+// over all timesteps, then T dependent steps (a small recurrent GEMM + the fused gate kernel),
+// layers overlapping in a wavefront where one step leaves the GPU idle.
+double rnn_time_s(const UnitFeatures& f, const GpuSpec& gpu);
+
 // ---- host time ----------------------------------------------------------------------------
 
 // Typical eager-mode CPU cost of one aten op called from Python (argument parsing, dispatcher,
