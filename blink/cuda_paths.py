@@ -324,6 +324,16 @@ def _patch_autocast(undo: list[Callable[[], None]]) -> None:
     def __enter__(self: autocast) -> autocast:  # noqa: N807
         blink_ctx = getattr(self, "_blink", None)
         if blink_ctx is None:
+            if getattr(self, "device", None) == "cuda" and not getattr(self, "_enabled", True):
+                # Made before the trace began (e.g. a decorator applied at import time): torch
+                # switched it off then because this host has no CUDA, and which regions the user
+                # meant to be off can no longer be told apart.
+                warnings.warn(
+                    "a torch.autocast('cuda') object created before blink.trace started is "
+                    "disabled (torch turns CUDA autocast off on a host without CUDA), so this "
+                    "region traces without autocast. Create the autocast region inside the "
+                    "traced code, or pass dtype='amp-bf16' / 'amp-fp16' to blink.predict.",
+                    stacklevel=2)
             return orig_enter(self)
         blink_ctx.__enter__()
         return self
