@@ -62,6 +62,24 @@ UnitFeatures pointwise_unit(const UnitFeatures& p, double read_elems, double wri
   return u;
 }
 
+// One timestep's recurrent GEMM (mini-batch rows @ the K x N weight, both directions at once).
+// cuDNN runs these skinny GEMMs with kernels sized to the few rows (no 128-row tile padding):
+// compute at the GEMM efficiency of the math mode, and the weights read every step, from L2
+// when all of them fit there (each step reads the same weights), else from DRAM.
+double step_gemm_s(const UnitFeatures& p, const GpuSpec& g, double m, double n, double k,
+                   double dirs, double itemsize) {
+  const bool tc = p.math_mode == MathMode::kTf32 || p.math_mode == MathMode::kBf16Tc ||
+                  p.math_mode == MathMode::kFp16Tc;
+  const double peak = peak_flops_for(p.math_mode, p.dtype, g);
+  const double eff = tc ? kTensorCoreGemmEfficiency : kSimtGemmEfficiency;
+  const double compute = peak > 0 ? 2.0 * m * n * k * dirs / (peak * eff) : 0.0;
+  const double weights = k * n * dirs * itemsize;
+  const double activations = (m * k + m * n) * dirs * itemsize;
+  const double dram = (weights <= 0.5 * g.l2_bytes ? 0.0 : weights) + activations;
+  const double memory = kDramLatencyS + dram / (g.mem_bw * kDramEfficiency);
+  return std::max(kLaunchFloorS, std::max(compute, memory));
+}
+
 // CTAs one step's recurrent GEMM launches (128 x 128 output tiles): how much of the GPU it uses.
 double step_ctas(const Rnn& r) {
   return std::ceil(r.mini / 128.0) * std::ceil(r.gates_n / 128.0) * r.dirs;
@@ -87,19 +105,19 @@ double rnn_time_s(const UnitFeatures& f, const GpuSpec& g) {
   // Per-step kernels, both directions at once.
   double step = 0.0;
   if (!f.backward) {
-    step += analytic_time_s(gemm_unit(f, r.mini, r.gates_n, r.k, r.dirs, s), g);
+    step += step_gemm_s(f, g, r.mini, r.gates_n, r.k, r.dirs, s);
     // Gate kernel: reads the input-projected and recurrent gate pre-activations and c,
     // writes h and c (and, in training, the activations into the reserve space).
     step += analytic_time_s(pointwise_unit(f, r.dirs * r.mini * (2.0 * r.gates_n + h),
                                            r.dirs * r.mini * (r.gates_n + 2.0 * h),
                                            8.0 * r.dirs * r.mini * r.gates_n, s), g);
-    if (proj) step += analytic_time_s(gemm_unit(f, r.mini, r.k, h, r.dirs, s), g);
+    if (proj) step += step_gemm_s(f, g, r.mini, r.k, h, r.dirs, s);
   } else {
     step += analytic_time_s(pointwise_unit(f, r.dirs * r.mini * (2.0 * r.gates_n + 2.0 * h),
                                            r.dirs * r.mini * (r.gates_n + h),
                                            10.0 * r.dirs * r.mini * r.gates_n, s), g);
-    step += analytic_time_s(gemm_unit(f, r.mini, r.k, r.gates_n, r.dirs, s), g);
-    if (proj) step += analytic_time_s(gemm_unit(f, r.mini, h, r.k, r.dirs, s), g);
+    step += step_gemm_s(f, g, r.mini, r.k, r.gates_n, r.dirs, s);
+    if (proj) step += step_gemm_s(f, g, r.mini, h, r.k, r.dirs, s);
   }
   const double slots = static_cast<double>(std::max(g.sm_count, 1));
   const double fill = std::min(1.0, step_ctas(r) / slots);
