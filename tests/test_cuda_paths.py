@@ -325,3 +325,15 @@ def test_fp32_efficient_attention_runs_3xtf32_on_sm80_and_simt_before() -> None:
     spec = blink.hardware.get_gpu("H100")
     assert h100["compute_time_s"] == pytest.approx(h100["flops"] / (spec.peak_flops["tf32"] / 3))
     assert _efficient_attention("V100")["math_mode"] == "fp32_simt"
+
+
+def test_cudnn_rnn_math_follows_cudnns_tf32_flag() -> None:
+    # cudnn/RNN.cpp asks cuDNN for FMA math only when torch.backends.cudnn.allow_tf32 is off.
+    with torch.device("meta"):
+        lstm = torch.nn.LSTM(64, 64)
+    with trace(lstm, gpu=GPU) as t:
+        lstm(_meta(10, 4, 64))
+    on = {u.op: u.math_mode for u in predict_trace(t, GPU, allow_tf32_cudnn=True).units}
+    off = {u.op: u.math_mode for u in predict_trace(t, GPU, allow_tf32_cudnn=False).units}
+    assert on["aten::_cudnn_rnn"] == "tf32" and off["aten::_cudnn_rnn"] == "fp32_simt"
+    assert predict_trace(t, "V100").units[-1].math_mode == "fp32_simt"  # no TF32 before sm_80
