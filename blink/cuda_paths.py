@@ -26,8 +26,10 @@ decompositions of ``torch._decomp`` for the RNNs, which are the native cell loop
 """
 from __future__ import annotations
 
+import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -404,8 +406,25 @@ def _install_device_mode(undo: list[Callable[[], None]]) -> None:
 
 # ---- entry point ------------------------------------------------------------------------------
 
+_disabled = threading.local()
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Traces started inside keep the meta device's own paths: for a dry run compared against a
+    real run on a device that is not CUDA (``blink collect --device cpu``)."""
+    old = getattr(_disabled, "on", False)
+    _disabled.on = True
+    try:
+        yield
+    finally:
+        _disabled.on = old
+
+
 def install(undo: list[Callable[[], None]]) -> None:
     """Install every rule; each adds the callable that removes it to `undo` (run in reverse)."""
+    if getattr(_disabled, "on", False):
+        return
     lib = torch.library.Library("aten", "IMPL")
     undo.append(lib._destroy)
     with warnings.catch_warnings():

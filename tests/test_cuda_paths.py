@@ -337,3 +337,14 @@ def test_cudnn_rnn_math_follows_cudnns_tf32_flag() -> None:
     off = {u.op: u.math_mode for u in predict_trace(t, GPU, allow_tf32_cudnn=False).units}
     assert on["aten::_cudnn_rnn"] == "tf32" and off["aten::_cudnn_rnn"] == "fp32_simt"
     assert predict_trace(t, "V100").units[-1].math_mode == "fp32_simt"  # no TF32 before sm_80
+
+
+def test_disabled_keeps_the_meta_paths_for_non_cuda_comparisons() -> None:
+    from blink import cuda_paths
+
+    with cuda_paths.disabled(), trace(None, gpu=GPU) as t:
+        F.dropout(_meta(8, 8), 0.5, training=True)
+    assert "aten::native_dropout" not in _names(t)
+    with trace(None, gpu=GPU) as t:  # and it switches back on
+        F.dropout(_meta(8, 8), 0.5, training=True)
+    assert "aten::native_dropout" in _names(t)
