@@ -42,6 +42,18 @@ EXCEPTIONS = {
         "a CPU-only kernel (no CUDA registration): it never runs on a GPU",
 }
 
+# In-place ops that change only a tensor's metadata (no kernel), and the dropout family, which
+# OpInfo samples with training=False or p=0, where it returns its input untouched.
+INPLACE_NO_KERNEL = {
+    **{name: "changes the view's metadata only" for name in (
+        "aten::as_strided_", "aten::squeeze_", "aten::unsqueeze_", "aten::transpose_",
+        "aten::t_", "aten::swapdims_", "aten::swapaxes_", "aten::resize_", "aten::resize_as_",
+        "aten::set_", "aten::detach_", "aten::requires_grad_")},
+    **{name: "a no-op for the training=False / p=0 samples OpInfo includes" for name in (
+        "aten::dropout_", "aten::feature_dropout_", "aten::alpha_dropout_",
+        "aten::feature_alpha_dropout_")},
+}
+
 SAMPLES_PER_OP = 2
 
 
@@ -98,6 +110,10 @@ def _check_sample(survey: Survey, name: str, t) -> None:
         wrote = [x for x in op.tensors("outputs") if x.storage in allocated[oid] and x.numel > 0]
         if wrote and gpu_ms[oid] <= 0:
             survey.zero[op.name].add(f"{name} ({op.phase})")
+        # An in-place op writes into its (first) input, which it hands back.
+        if (op.name.endswith("_") and op.name not in INPLACE_NO_KERNEL and gpu_ms[oid] <= 0
+                and any(x.numel > 0 for x in op.tensors("outputs"))):
+            survey.zero[op.name].add(f"{name} (in-place)")
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +149,24 @@ def survey() -> Survey:
                         continue
                     _check_sample(s, op.name, t)
                     s.costed += 1
+            inplace = op.inplace_variant
+            if inplace is None:
+                continue
+            try:
+                samples = list(op.sample_inputs("meta", dtype, requires_grad=False))
+            except Exception:  # noqa: BLE001
+                continue
+            for sample in samples[:1]:
+                try:
+                    x = sample.input.clone() if isinstance(sample.input, torch.Tensor) \
+                        else sample.input
+                    with trace(None, gpu=GPU) as t:
+                        inplace(x, *sample.args, **sample.kwargs)
+                except Exception:  # noqa: BLE001 - not traceable on meta (or not in-place-able)
+                    s.not_traceable += 1
+                    continue
+                _check_sample(s, op.name, t)
+                s.costed += 1
     return s
 
 

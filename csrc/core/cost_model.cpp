@@ -85,6 +85,13 @@ const std::vector<std::string>& unit_rule_ops() {
       // -> _cummax_helper, logcumsumexp -> _logcumsumexp, median.dim -> median.dim_values).
       "aten::sort", "aten::kthvalue", "aten::median", "aten::nanmedian", "aten::cummax",
       "aten::cummin", "aten::logcumsumexp",
+      // In-place forms whose CUDA kernel is the .out overload (index_put_ -> _index_put_impl_).
+      "aten::index_put_", "aten::logical_and_", "aten::logical_not_", "aten::logical_or_",
+      "aten::logical_xor_", "aten::bitwise_and_", "aten::bitwise_or_", "aten::bitwise_xor_",
+      "aten::bitwise_left_shift_", "aten::bitwise_right_shift_", "aten::celu_",
+      "aten::conj_physical_", "aten::copysign_", "aten::deg2rad_", "aten::rad2deg_",
+      "aten::floor_divide_", "aten::fmod_", "aten::remainder_", "aten::ldexp_",
+      "aten::mvlgamma_", "aten::xlogy_",
   };
   return names;
 }

@@ -1488,6 +1488,9 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       // Copies through an expanded or permuted view (repeat: copy_ into the unfolded output).
       {"aten::pixel_shuffle", R(K::kCopy, f_copy, 0, -1)},
       {"aten::pixel_unshuffle", R(K::kCopy, f_copy, 0, -1)},
+      // In-place masked copies read and write self (f_copy would see self == output: no copy).
+      {"aten::tril_", R(K::kCopy, f_elementwise, 0)},
+      {"aten::triu_", R(K::kCopy, f_elementwise, 0)},
       // Sorts, radix selections, scans (formulas above).
       {"aten::sort", R(K::kReduction, f_sort, 0, -1, -1, -1, -1)},
       {"aten::argsort", R(K::kReduction, f_sort, 0, -1, -1, -1, -1)},
