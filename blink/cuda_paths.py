@@ -347,10 +347,11 @@ def _patch_autocast(undo: list[Callable[[], None]]) -> None:
         blink_ctx.__exit__(*exc)
         return False
 
-    def is_autocast_enabled(*args: Any) -> bool:
-        if args and args[0] == "meta":
+    def is_autocast_enabled(*args: Any, **kwargs: Any) -> bool:
+        device = args[0] if args else kwargs.get("device_type")
+        if device == "meta":
             return orig_enabled("cuda")
-        return orig_enabled(*args)
+        return orig_enabled(*args, **kwargs)
 
     def get_autocast_dtype(device_type: str) -> torch.dtype:
         return orig_dtype("cuda" if device_type == "meta" else device_type)

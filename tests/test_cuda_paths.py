@@ -246,6 +246,7 @@ def test_user_autocast_with_the_tensors_device_type() -> None:
         assert not torch.is_autocast_enabled(x.device.type)
         with torch.autocast(x.device.type, dtype=torch.float16):
             assert torch.is_autocast_enabled(x.device.type)
+            assert torch.is_autocast_enabled(device_type=x.device.type)
             assert torch.get_autocast_dtype(x.device.type) == torch.float16
             assert (x @ x).dtype == torch.float16
         assert not torch.is_autocast_enabled(x.device.type)
