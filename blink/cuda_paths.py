@@ -21,8 +21,9 @@ Each rule mirrors one dispatch decision PyTorch's CUDA backend makes and the met
 * ``device="cuda"`` in the traced code: factory calls, ``Tensor.cuda()`` / ``.to("cuda")`` and
   ``Module.cuda()`` are given the meta device instead (the dry run stands in for the GPU).
 
-Where a rule's condition fails the op keeps the behaviour PyTorch gives it off CUDA (the
-decompositions of ``torch._decomp`` for the RNNs, which are the native cell loop).
+Where cuDNN is not acceptable (bf16, cuDNN off) a meta LSTM runs the native loop as CUDA
+does it (two matmuls and one fused ``_thnn_fused_lstm_cell`` per step); other ops whose rule
+fails keep the behaviour PyTorch gives them off CUDA (``torch._decomp``'s RNN decompositions).
 """
 from __future__ import annotations
 
@@ -96,6 +97,48 @@ def _cudnn_impl(mode: int, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tens
     return out[0], out[1], out[2]
 
 
+def _native_lstm_cuda(input: Tensor, hx: Sequence[Tensor], params: Sequence[Tensor],
+                      has_biases: bool, num_layers: int, dropout: float, train: bool,
+                      bidirectional: bool, batch_first: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The native LSTM as RNN.cpp runs it on CUDA (no cuDNN: bf16, or cuDNN off): FullLayer
+    steps without the CPU-only input precompute, each step LSTMCell's two matmuls and one
+    _thnn_fused_lstm_cell kernel (+ the projection matmul), dropout between layers."""
+    h0, c0 = hx
+    x = input.transpose(0, 1) if batch_first else input
+    dirs = 2 if bidirectional else 1
+    per = (4 if has_biases else 2) + (1 if h0.size(2) != c0.size(2) else 0)
+    hy: list[Tensor] = []
+    cy: list[Tensor] = []
+    for layer in range(num_layers):
+        outs = []
+        for d in range(dirs):
+            idx = layer * dirs + d
+            w = params[idx * per:(idx + 1) * per]
+            w_ih, w_hh = w[0], w[1]
+            b_ih, b_hh = (w[2], w[3]) if has_biases else (None, None)
+            w_hr = w[-1] if per in (3, 5) else None
+            h, c = h0[idx], c0[idx]
+            steps = range(x.size(0) - 1, -1, -1) if d == 1 else range(x.size(0))
+            seq: list[Tensor] = []
+            for t in steps:
+                igates = torch.matmul(x[t], w_ih.t())
+                hgates = torch.matmul(h, w_hh.t())
+                h, c, _ = _aten._thnn_fused_lstm_cell(igates, hgates, c, b_ih, b_hh)
+                if w_hr is not None:
+                    h = torch.matmul(h, w_hr.t())
+                seq.append(h)
+            if d == 1:
+                seq.reverse()
+            outs.append(torch.stack(seq, 0))
+            hy.append(h)
+            cy.append(c)
+        x = outs[0] if dirs == 1 else torch.cat(outs, -1)
+        if dropout > 0 and train and layer < num_layers - 1:
+            x = torch.dropout(x, dropout, train)
+    out = x.transpose(0, 1) if batch_first else x
+    return out, torch.stack(hy, 0), torch.stack(cy, 0)
+
+
 def _rnn_overrides(lib: torch.library.Library) -> None:
     from torch._decomp import decomposition_table
 
@@ -108,6 +151,9 @@ def _rnn_overrides(lib: torch.library.Library) -> None:
                    num_layers: int, dropout: float, train: bool, bidirectional: bool,
                    batch_first: bool) -> tuple[Tensor, ...]:
         if not _cudnn_acceptable(input):
+            if input.device.type == "meta" and input.numel() > 0:
+                return _native_lstm_cuda(input, hx, params, has_biases, num_layers, dropout,
+                                         train, bidirectional, batch_first)
             return lstm_in(input, hx, params, has_biases, num_layers, dropout, train,
                            bidirectional, batch_first)
         return _cudnn_impl(2, input, hx[0], hx[1], params, has_biases, num_layers, dropout,

@@ -99,13 +99,25 @@ def test_gru_and_rnn_take_cudnn_too(cls: type, mode: int) -> None:
     assert len(rnn) == 1 and rnn[0].inputs[6] == mode
 
 
-def test_bf16_lstm_stays_off_cudnn() -> None:
-    # at::cudnn_is_acceptable accepts float, half and double only: bf16 runs the native cells.
+def test_bf16_lstm_runs_the_native_cuda_cells() -> None:
+    # at::cudnn_is_acceptable accepts float, half and double only: bf16 runs RNN.cpp's native
+    # loop, which on CUDA is two matmuls and one fused cell kernel per step and layer.
     with torch.device("meta"):
-        lstm = torch.nn.LSTM(32, 32).to(torch.bfloat16)
+        lstm = torch.nn.LSTM(32, 48, num_layers=2, bidirectional=True).to(torch.bfloat16)
+    x = _meta(5, 2, 32, dtype=torch.bfloat16, grad=True)
     with trace(lstm, gpu=GPU) as t:
-        lstm(_meta(5, 2, 32, dtype=torch.bfloat16))
-    assert "aten::_cudnn_rnn" not in _names(t)
+        out, (h, c) = lstm(x)
+        out.float().sum().backward()
+    assert (out.shape, h.shape, c.shape) == ((5, 2, 96), (4, 2, 48), (4, 2, 48))
+    names = _names(t)
+    assert "aten::_cudnn_rnn" not in names
+    steps = 5 * 2 * 2  # timesteps x layers x directions
+    assert names.count("aten::_thnn_fused_lstm_cell") == steps
+    assert names.count("aten::_thnn_fused_lstm_cell_backward_impl") == steps
+    units = _unit_ops(t)
+    assert sum(u.startswith("aten::mm") for u in units) >= 2 * steps
+    assert not any(u.startswith(("aten::sigmoid", "aten::tanh")) for u in units)
+    assert x.grad is not None and all(p.grad is not None for p in lstm.parameters())
 
 
 def test_cudnn_disabled_stays_off_cudnn() -> None:

@@ -1514,6 +1514,12 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       // --- cuDNN RNNs (the trace records them where RNN.cpp picks cuDNN; blink/cuda_paths.py).
       {"aten::_cudnn_rnn", R(K::kRnn, f_cudnn_rnn, 0, 0, -1, -1, -1)},
       {"aten::_cudnn_rnn_backward", R(K::kRnn, f_cudnn_rnn, 0, 1, -1, -1, -1)},
+      // The native LSTM on CUDA (no cuDNN): per step one fused gate kernel (RNN.cpp LSTMCell,
+      // FusedRNNKernel.cu): gate nonlinearities, c and h; its backward the gate gradients.
+      {"aten::_thnn_fused_lstm_cell", R(K::kElementwise, f_elementwise, 6)},
+      {"aten::_thnn_fused_lstm_cell_backward_impl", R(K::kElementwise, f_elementwise, 8)},
+      {"aten::_thnn_fused_gru_cell", R(K::kElementwise, f_elementwise, 6)},
+      {"aten::_thnn_fused_gru_cell_backward", R(K::kElementwise, f_elementwise, 8)},
       // _cudnn_rnn_flatten_weight: one copy of every weight into the flat buffer.
       {"aten::_cudnn_rnn_flatten_weight", R(K::kCopy, f_copy, 0, -1)},
   };
