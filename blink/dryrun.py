@@ -256,6 +256,9 @@ def prepare(
 
     if param_dtype != torch.float32:
         net = net.to(param_dtype)
+    from .cuda_paths import flatten_rnn_weights
+
+    flatten_rnn_weights(net)  # as RNNBase.flatten_parameters does on .cuda()
     net.train(mode == "train")
     if mode == "inference":
         for p in net.parameters():

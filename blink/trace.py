@@ -588,6 +588,9 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
         self._undo.append(h4.remove)
 
         self._install_sdpa()
+        from . import cuda_paths
+
+        cuda_paths.install(self._undo)  # cuDNN RNN, fused dropout, cuDNN batch norm, autocast
 
         if self._nonzero == "assume_all":
             import torch.fx.experimental._config as fx_config
@@ -724,6 +727,13 @@ def _translate(exc: Exception, failure: tuple[str, str | None] | None,
             "bound); .item()/.tolist()/if-on-a-tensor must be removed from the traced code or "
             "replaced by a value known ahead (e.g. a Python int).",
             op=op, module=module)
+    if "NVIDIA driver" in text or "not compiled with CUDA" in text or "CUDA driver" in text:
+        return TraceError(
+            f"the traced code{where} called the CUDA runtime ({text[:160]}), which a dry run "
+            "cannot do. Tensors made with device='cuda', .cuda() and .to('cuda') are traced on "
+            "the meta device already; remove or guard the remaining torch.cuda.* calls "
+            "(synchronize, streams, events, memory queries) while tracing, and create models on "
+            "the meta device (`with torch.device('meta'): ...`).", op=op, module=module)
     if "no fake impl or Meta kernel" in text or "Meta' backend" in text:
         return MissingMetaKernelError(
             f"{op or 'an op'}{where} has no meta kernel, so it cannot run in a dry run. Register "

@@ -20,11 +20,13 @@ import os
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .. import cuda_paths
 from ..dryrun import DTYPES, Prepared, execute, make_optimizer, prepare
 from ..errors import BlinkError
 from ..trace import PHASES, Trace, trace
@@ -285,7 +287,10 @@ def run_config(cfg: RunConfig, *, run_id: str, device: torch.device, feature_gpu
         wl = make_workload(cfg, protocol)
         run.update(wl.row_fields())
         run["tf32_matmul"], run["tf32_cudnn"] = wl.tf32
-        t = wl.dry_run(feature_gpu)
+        # Off CUDA the real run takes the meta-like paths (native batch norm, dropout, RNN
+        # cells), so the dry run must not be steered onto CUDA's (blink.cuda_paths).
+        with nullcontext() if device.type == "cuda" else cuda_paths.disabled():
+            t = wl.dry_run(feature_gpu)
         run["dry_ops"] = len(t)
         dry = dry_units(t, feature_gpu, *wl.tf32)
         del t

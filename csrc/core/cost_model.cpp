@@ -141,6 +141,36 @@ const std::vector<std::string>& unit_rule_ops() {
       // The .Scalar overloads are composites over the .Tensor kernel; meta answers some directly.
       "aten::add", "aten::add_", "aten::sub", "aten::sub_", "aten::mul", "aten::mul_",
       "aten::div", "aten::div_",
+      // CompositeExplicitAutograd wrappers of CUDA kernels that the meta device answers with a
+      // Python meta function that only allocates (so nothing below them is a kernel), although
+      // on CUDA they launch one (issue 9, item 4; tests/test_zero_kernels.py finds them):
+      // factories and fills (empty + fill_ / a distribution kernel / a range kernel),
+      "aten::zeros", "aten::ones", "aten::full", "aten::new_zeros", "aten::new_ones",
+      "aten::new_full", "aten::zeros_like", "aten::ones_like", "aten::full_like",
+      "aten::scalar_tensor", "aten::fill", "aten::eye", "aten::arange", "aten::linspace",
+      "aten::logspace", "aten::rand", "aten::rand_like", "aten::randn", "aten::randn_like",
+      "aten::randint", "aten::randint_like", "aten::randperm", "aten::bernoulli",
+      "aten::normal", "aten::uniform", "aten::cauchy", "aten::exponential", "aten::geometric",
+      "aten::log_normal",
+      // element-wise and reduction ops reached through their .out / .dim kernels,
+      "aten::abs", "aten::abs_", "aten::mean", "aten::nan_to_num", "aten::nan_to_num_",
+      "aten::frexp", "aten::logical_and", "aten::logical_or", "aten::logical_xor",
+      "aten::logical_not",
+      // gathers, scatters and copies (embedding -> index_select, repeat -> copy_, ...),
+      "aten::embedding", "aten::index_put", "aten::masked_scatter",
+      "aten::masked_scatter_backward", "aten::repeat", "aten::pixel_shuffle",
+      "aten::pixel_unshuffle", "aten::_trilinear",
+      // sorts, selections and scans (sort -> sort.stable, kthvalue -> kthvalue.values, cummax
+      // -> _cummax_helper, logcumsumexp -> _logcumsumexp, median.dim -> median.dim_values).
+      "aten::sort", "aten::kthvalue", "aten::median", "aten::nanmedian", "aten::cummax",
+      "aten::cummin", "aten::logcumsumexp",
+      // In-place forms whose CUDA kernel is the .out overload (index_put_ -> _index_put_impl_).
+      "aten::index_put_", "aten::logical_and_", "aten::logical_not_", "aten::logical_or_",
+      "aten::logical_xor_", "aten::bitwise_and_", "aten::bitwise_or_", "aten::bitwise_xor_",
+      "aten::bitwise_left_shift_", "aten::bitwise_right_shift_", "aten::celu_",
+      "aten::conj_physical_", "aten::copysign_", "aten::deg2rad_", "aten::rad2deg_",
+      "aten::floor_divide_", "aten::fmod_", "aten::remainder_", "aten::ldexp_",
+      "aten::mvlgamma_", "aten::xlogy_",
   };
   return names;
 }

@@ -856,6 +856,297 @@ Tiling f_composite(const Ctx& c, const Rule&, UnitFeatures&) {
           "trace), so cost those units instead of it");
 }
 
+// ---- kernels the meta device skips: sorts, selections, scans, masked and accumulating
+// scatters (issue 9, item 4) ------------------------------------------------------------------
+//
+// The ops below reach CUDA kernels through CompositeExplicitAutograd wrappers (sort ->
+// sort.stable, kthvalue -> kthvalue.values, cummax -> _cummax_helper, ...), which the meta
+// device answers with a Python meta function that only allocates. The cut makes the wrapper the
+// unit (unit_rule_ops in cost_model.cpp); these formulas count the passes the CUDA kernels make.
+
+// The dim argument: the first int input after the tensor (sort(self, dim, ...),
+// sort.stable(self, *, stable, dim, ...), cumsum(self, dim), median.dim(self, dim, ...)), or
+// `dflt` when there is none (msort sorts dim 0). Wrapped into [0, rank).
+int64_t first_int_dim(const Ctx& c, const TensorInfo& x, int from, int64_t dflt) {
+  int64_t dim = dflt;
+  for (size_t i = static_cast<size_t>(from); i < c.in.size(); ++i) {
+    if (c.in[i].kind == ArgKind::kInt) {
+      dim = c.in[i].i;
+      break;
+    }
+  }
+  const int64_t rank = static_cast<int64_t>(x.sizes.size());
+  if (rank == 0) return 0;
+  if (dim < 0) dim += rank;
+  if (dim < 0 || dim >= rank) fail(c, "dim out of range for a " + std::to_string(rank) + "-d input");
+  return dim;
+}
+
+// Slices along `dim`: (number of slices, elements per slice). A 0-d tensor is one slice of 1.
+std::pair<int64_t, int64_t> slices_along(const TensorInfo& x, int64_t dim) {
+  const int64_t total = numel_of(x);
+  if (x.sizes.empty()) return {1, 1};
+  const int64_t n = x.sizes[static_cast<size_t>(dim)];
+  return {n > 0 ? total / n : 0, n};
+}
+
+// cub radix sorts make one pass per 8 key bits (DeviceRadixSort's onesweep policy).
+constexpr int64_t kRadixBitsPerPass = 8;
+// PyTorch's radix select (SortingRadixSelect.cuh, RADIX_BITS) looks at 2 bits per pass.
+constexpr int64_t kSelectBitsPerPass = 2;
+// Sort.h should_use_small_sort: slices of at most 4096 elements sort in shared memory.
+constexpr int64_t kSmallSortMax = 4096;
+
+// sort / argsort / msort (aten/src/ATen/native/cuda/Sort.cpp, sort_stable_kernel). p0 = the
+// default dim. Slices of <= 4096 elements: values.copy_(self), fillSliceWithIndex(indices), then
+// sortKeyValueInplace (bitonic / warp-merge sort of keys + int64 indices in shared memory, one
+// CTA per slice): 3 kernels. Longer slices: launch_stable_sort_kernel (SortStable.cu), a cub
+// radix sort of (key, index) pairs, the segment id packed above the key bits when there are
+// several slices: an iota, a histogram and one pass per 8 key bits, each reading and writing
+// keys and indices. Indices are int64.
+Tiling f_sort(const Ctx& c, const Rule& r, UnitFeatures& f) {
+  const TensorInfo& x = need_tensor(c, 0, "input");
+  const int64_t dim = first_int_dim(c, x, 1, r.p0);
+  const auto [slices, n] = slices_along(x, dim);
+  const double total = static_cast<double>(numel_of(x));
+  const double s = static_cast<double>(dtype_itemsize(x.dtype));
+  f.outer = slices;
+  f.inner = n;
+  f.dtype = x.dtype;
+  f.numel = numel_of(x);
+  if (n <= 1) {  // values.copy_(self); indices.zero_()
+    f.bytes_read = total * s;
+    f.bytes_written = total * (s + 8.0);
+    f.kernels = 2;
+    return elementwise_tiling(total);
+  }
+  if (n <= kSmallSortMax) {
+    f.bytes_read = total * s + total * (s + 8.0);
+    f.bytes_written = total * s + total * 8.0 + total * (s + 8.0);
+    f.kernels = 3;
+    // log2(n) stages of compare-exchange per element (bitonic).
+    f.flops = total * std::ceil(std::log2(static_cast<double>(n)));
+    return preset_tiling(slices, std::min<int64_t>(1024, std::max<int64_t>(32, n / 2)));
+  }
+  int64_t bits = 8 * dtype_itemsize(x.dtype);
+  if (slices > 1) bits += static_cast<int64_t>(std::ceil(std::log2(static_cast<double>(slices))));
+  const int64_t passes = ceil_div(bits, kRadixBitsPerPass);
+  const double pass_bytes = total * (s + 8.0);
+  f.bytes_read = total * s + static_cast<double>(passes) * pass_bytes;
+  f.bytes_written = total * 8.0 + static_cast<double>(passes) * pass_bytes;
+  f.kernels = 2 + passes;
+  f.flops = total * static_cast<double>(passes) * 2.0;  // digit extract + scatter per pass
+  return elementwise_tiling(total);
+}
+
+// TensorTopK.cu should_use_multiblock: long slices, few of them, take the multi-block path.
+bool topk_multiblock(int64_t slices, int64_t n) {
+  return (slices <= 20 && n >= 20000) || (slices > 20 && slices <= 40 && n >= 10000) ||
+         (slices > 40 && slices <= 80 && n >= 8000) || (slices > 80 && slices < 200 && n >= 5000) ||
+         (slices >= 200 && slices < 800 && n >= 3000) ||
+         (slices >= 800 && slices <= 4000 && n >= 800) || (slices > 4000 && n >= 400);
+}
+
+// Radix selections: topk (TensorTopK.cu), kthvalue / median / nanmedian (Sorting.cu,
+// gatherKthValue / gatherMedian). p0 = the dim argument's position (-1: the whole tensor is one
+// slice, median()), p1 = 0 topk (k at input 1, sorted at input 4), 1 one value per slice.
+// Single-block path (every kthvalue / median, topk on short or many slices): one CTA per slice
+// runs 2-bit radix passes over its slice, then gathers; the slice is re-read each pass, from L2
+// when the slices the GPU works on at once fit there (counted once from DRAM), else from DRAM.
+// topk's multi-block path: one kernel pair per 8 key bits over the whole input, then a gather.
+// topk(sorted=True) then sorts the k outputs of each slice (sortKeyValueInplace).
+Tiling f_select(const Ctx& c, const Rule& r, UnitFeatures& f) {
+  const TensorInfo& x = need_tensor(c, 0, "input");
+  const double s = static_cast<double>(dtype_itemsize(x.dtype));
+  int64_t slices = 1, n = numel_of(x);
+  const bool has_dim = r.p0 >= 0 && r.p0 < static_cast<int>(c.in.size()) &&
+                       c.in[static_cast<size_t>(r.p0)].kind == ArgKind::kInt;
+  if (has_dim && !x.sizes.empty()) {
+    int64_t dim = c.in[static_cast<size_t>(r.p0)].i;
+    const int64_t rank = static_cast<int64_t>(x.sizes.size());
+    if (dim < 0) dim += rank;
+    if (dim < 0 || dim >= rank) fail(c, "dim out of range");
+    std::tie(slices, n) = slices_along(x, dim);
+  }
+  const double in_bytes = static_cast<double>(numel_of(x)) * s;
+  const int64_t bits = 8 * dtype_itemsize(x.dtype);
+  f.outer = slices;
+  f.inner = n;
+  f.dtype = x.dtype;
+  count_writes(c, f, -1);
+  const bool is_topk = r.p1 == 0;
+  const int64_t k = is_topk ? std::max<int64_t>(int_at(c.in, 1, 1), 0) : 1;
+  Tiling tiling;
+  if (is_topk && topk_multiblock(slices, n)) {
+    const int64_t passes = ceil_div(bits, kRadixBitsPerPass);
+    f.bytes_read = in_bytes * static_cast<double>(passes + 1);
+    f.kernels = 2 * passes + 1;
+    tiling = elementwise_tiling(static_cast<double>(numel_of(x)));
+  } else {
+    const int64_t passes = ceil_div(bits, kSelectBitsPerPass);
+    const double resident = static_cast<double>(std::min<int64_t>(slices, c.gpu.sm_count * 2)) *
+                            static_cast<double>(n) * s;
+    const bool cached = c.gpu.l2_bytes <= 0 || resident <= 0.5 * c.gpu.l2_bytes;
+    f.bytes_read = in_bytes * (cached ? 1.0 : static_cast<double>(passes + 1));
+    f.kernels = 1;
+    const int64_t threads = std::min<int64_t>(1024, std::max<int64_t>(32, ceil_div(n, 32) * 32));
+    tiling = preset_tiling(slices, threads);
+  }
+  f.flops = static_cast<double>(numel_of(x)) * static_cast<double>(ceil_div(bits, kSelectBitsPerPass));
+  if (is_topk && k > 1 && bool_at(c.in, 4, true)) {
+    const double sorted = static_cast<double>(slices) * static_cast<double>(k) * (s + 8.0);
+    f.bytes_read += sorted;
+    f.bytes_written += sorted;
+    f.kernels += 1;
+  }
+  return tiling;
+}
+
+// Scans (ScanKernels.cu / ScanUtils.cuh): cumsum, cumprod, logcumsumexp, cummax, cummin. One
+// pass: a row-block scan along the innermost dim, a column scan along an outer one, cub's
+// single-pass (decoupled look-back) scan for a 1-D input. Reads the input once, writes the
+// outputs (cummax / cummin: values + int64 indices). p0 = the input's dim default.
+Tiling f_scan(const Ctx& c, const Rule& r, UnitFeatures& f) {
+  const TensorInfo& x = need_tensor(c, 0, "input");
+  const int64_t dim = first_int_dim(c, x, 1, r.p0);
+  const auto [slices, n] = slices_along(x, dim);
+  f.outer = slices;
+  f.inner = n;
+  f.bytes_read = tensor_bytes(x);
+  count_writes(c, f, -1);
+  if (f.bytes_written == 0) {  // _cummax_helper(self, values, indices, dim) writes its inputs
+    for (int i = 1; i < static_cast<int>(c.in.size()); ++i) {
+      if (const TensorInfo* t = tensor_at(c.in, i)) f.bytes_written += tensor_bytes(*t);
+    }
+  }
+  f.numel = numel_of(x);
+  f.flops = r.per_elem * static_cast<double>(f.numel);
+  f.dtype = x.dtype;
+  return reduction_tiling(static_cast<double>(f.numel));
+}
+
+// index_put / _index_put_impl (self 0, indices 1, values 2, accumulate 3; Indexing.cu). Without
+// accumulate: the TensorIterator index kernel (f_scatter). With accumulate (also the backward of
+// advanced indexing, x[idx]): index_put_with_sort_kernel computes linear int64 indices, radix-
+// sorts (index, position) pairs over ceil(log2(numel(self))) bits (one pass per 8 bits, an
+// iota and a histogram kernel), then accumulates each run of equal indices in order.
+Tiling f_index_put(const Ctx& c, const Rule& r, UnitFeatures& f) {
+  Tiling t = f_scatter(c, r, f);
+  if (!bool_at(c.in, 3, false)) return t;
+  const TensorInfo& self = need_tensor(c, 0, "self");
+  int64_t n_idx = 0;
+  if (c.in.size() > 1) {
+    for_each_tensor(c.in[1], [&](const TensorInfo& i) { n_idx = std::max(n_idx, numel_of(i)); });
+  }
+  const double idx = static_cast<double>(n_idx);
+  const double space = std::max(2.0, static_cast<double>(numel_of(self)));
+  const int64_t passes = ceil_div(static_cast<int64_t>(std::ceil(std::log2(space))), kRadixBitsPerPass);
+  const double pair = 16.0 * idx;  // int64 key + int64 position
+  f.bytes_written += 8.0 * idx + 8.0 * idx + static_cast<double>(passes) * pair;  // keys, iota, passes
+  f.bytes_read += static_cast<double>(passes) * pair + pair;                      // passes, final
+  f.kernels += 3 + passes;
+  return t;
+}
+
+// masked_scatter (self 0, mask 1, source 2; IndexKernel.cu masked_scatter_cuda_impl): the
+// out-of-place op clones self; an exclusive cub scan turns the byte mask into int64 source
+// positions; one TensorIterator kernel then copies source elements into the masked places.
+// The masked count is data-dependent: up to min(numel(source), numel(self)) are moved.
+Tiling f_masked_scatter(const Ctx& c, const Rule&, UnitFeatures& f) {
+  const TensorInfo& self = need_tensor(c, 0, "self");
+  const TensorInfo& mask = need_tensor(c, 1, "mask");
+  const TensorInfo& src = need_tensor(c, 2, "source");
+  const double n = static_cast<double>(std::max(numel_of(self), numel_of(mask)));
+  const double s = static_cast<double>(dtype_itemsize(self.dtype));
+  const double moved = std::min(static_cast<double>(numel_of(src)), n) * s;
+  const double mask_b = n * static_cast<double>(dtype_itemsize(mask.dtype));
+  f.bytes_read = mask_b + mask_b + 8.0 * n + moved;  // scan, then mask + positions + source
+  f.bytes_written = 8.0 * n + moved;
+  f.kernels = 2;
+  const TensorInfo* o = first_output(c);
+  if (o != nullptr && !same_tensor(*o, self)) {
+    f.bytes_read += tensor_bytes(self);
+    f.bytes_written += tensor_bytes(*o);
+    f.kernels = 3;
+  }
+  f.numel = static_cast<int64_t>(n);
+  f.dtype = self.dtype;
+  return elementwise_tiling(n);
+}
+
+// ---- cuDNN RNNs (issue 9, item 5) ----------------------------------------------------------
+
+// Gates per cell of cudnnRNNMode_t (RNN_RELU 0, RNN_TANH 1, LSTM 2, GRU 3).
+int64_t rnn_gates(int64_t mode) { return mode == 2 ? 4 : mode == 3 ? 3 : 1; }
+
+// _cudnn_rnn (p0 = 0) and _cudnn_rnn_backward (p0 = 1), cudnn/RNN.cpp with cuDNN's standard
+// algorithm: per layer and direction one GEMM projects the input of every timestep at once,
+// then each timestep runs the recurrent GEMM (mini-batch x hidden @ hidden x gates*hidden) and
+// one fused gate kernel (+ the projection GEMM of an LSTM with proj_size). The backward runs
+// the recurrence in reverse (gate-gradient kernel + GEMM per step, then one input-gradient GEMM
+// per layer) and, for the weight gradients, two GEMMs over all timesteps per layer/direction.
+// Bytes: the tensors it reads and writes (weights once: weight_buf and the weight list are the
+// same memory) plus the gate workspace each layer writes and reads back. The time is
+// rnn_time_s (rnn.cpp); the unit's GEMM view is the recurrent step GEMM.
+Tiling f_cudnn_rnn(const Ctx& c, const Rule& r, UnitFeatures& f) {
+  const bool bwd = r.p0 == 1;
+  const int o = bwd ? 4 : 0;  // the backward's scalar arguments sit 4 later
+  const TensorInfo& x = need_tensor(c, 0, "input");
+  if (x.sizes.size() != 2 && x.sizes.size() != 3) fail(c, "expected a 2-D (packed) or 3-D input");
+  const int64_t mode = int_at(c.in, 6 + o, -1);
+  if (mode < 0 || mode > 3) fail(c, "mode must be a cudnnRNNMode_t (0-3)");
+  const int64_t hidden = int_at(c.in, 7 + o, 0), proj = int_at(c.in, 8 + o, 0);
+  const int64_t layers = int_at(c.in, 9 + o, 0);
+  const bool batch_first = bool_at(c.in, 10 + o, false);
+  const bool bidir = bool_at(c.in, 13 + o, false);
+  const std::vector<int64_t> batch_sizes = ints_at(c.in, 14 + o);
+  if (hidden <= 0 || layers <= 0) fail(c, "hidden_size and num_layers must be positive");
+  int64_t steps, mini, rows;
+  if (!batch_sizes.empty()) {
+    steps = static_cast<int64_t>(batch_sizes.size());
+    mini = batch_sizes[0];
+    rows = x.sizes[0];
+  } else {
+    if (x.sizes.size() != 3) fail(c, "an unpacked input must be 3-D");
+    steps = x.sizes[batch_first ? 1 : 0];
+    mini = x.sizes[batch_first ? 0 : 1];
+    rows = steps * mini;
+  }
+  const int64_t dirs = bidir ? 2 : 1, gates = rnn_gates(mode), out = proj > 0 ? proj : hidden;
+  const int64_t input_size = x.sizes.back();
+  const int64_t g_n = gates * hidden;
+  std::vector<int64_t> mask = ints_at(c.in, 21);
+  while (mask.size() < 4) mask.push_back(1);
+  const bool weights = !bwd || mask[3] != 0;
+  const double s = static_cast<double>(dtype_itemsize(x.dtype));
+  const double R = static_cast<double>(rows), D = static_cast<double>(dirs);
+  double flops = 0.0, workspace = 0.0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const double in_l = static_cast<double>(l == 0 ? input_size : out * dirs);
+    const double proj_f = proj > 0 ? 2.0 * R * static_cast<double>(proj * hidden) : 0.0;
+    const double fwd = 2.0 * R * static_cast<double>(g_n) * (in_l + static_cast<double>(out)) + proj_f;
+    flops += D * (bwd ? fwd + (weights ? fwd - proj_f : 0.0) : fwd);
+    workspace += 2.0 * R * D * static_cast<double>(g_n) * s;  // gates written, then read
+  }
+  f.flops = flops;
+  f.bytes_read = read_bytes(c, 3) + workspace / 2.0;
+  count_writes(c, f, -1);
+  f.bytes_written += workspace / 2.0;
+  f.kernels = layers * dirs * (1 + 2 * steps + (proj > 0 ? steps : 0));
+  if (bwd && weights) f.kernels += layers * dirs * 3 + 1;  // dW_ih, dW_hh, bias sum; dw zeroing
+  f.m = mini;
+  f.n = g_n;
+  f.k = out;
+  f.batch = layers * dirs;
+  f.groups = dirs;
+  f.outer = steps;
+  f.inner = input_size;
+  f.conv_c = hidden;
+  f.conv_r = bwd && weights ? 1 : 0;
+  f.dtype = x.dtype;
+  return gemm_tiling();
+}
+
 // ---- the table -------------------------------------------------------------------------------
 //
 // Columns: kind, formula, FLOPs per element, p0, p1, p2, kernels. Per-element FLOPs of
@@ -971,8 +1262,8 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       // Sort indices, segment, partial sums, accumulate: a chain of small kernels.
       {"aten::embedding_dense_backward", R(K::kEmbedding, f_embedding_backward, 0, -1, -1, -1, 6)},
       // --- Scatters (p0 = self, p1 = indices, p2 = source): one add/store per source element.
-      {"aten::index_put", R(K::kEmbedding, f_scatter, 1, 0, 1, 2)},
-      {"aten::_index_put_impl", R(K::kEmbedding, f_scatter, 1, 0, 1, 2)},
+      {"aten::index_put", R(K::kEmbedding, f_index_put, 1, 0, 1, 2, -1)},  // + sort when accumulating
+      {"aten::_index_put_impl", R(K::kEmbedding, f_index_put, 1, 0, 1, 2, -1)},
       {"aten::index_add", R(K::kEmbedding, f_scatter, 1, 0, 2, 3)},
       {"aten::scatter_add", R(K::kEmbedding, f_scatter, 1, 0, 2, 3)},
       {"aten::scatter", R(K::kEmbedding, f_scatter, 0, 0, 2, 3)},
@@ -1189,6 +1480,77 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       {"aten::type_as", R(K::kCopy, f_composite)},
       {"aten::reshape", R(K::kOther, f_composite)},      // view, or clone + _unsafe_view
       {"aten::flatten", R(K::kOther, f_composite)},
+      // --- Kernels behind CompositeExplicitAutograd wrappers the meta device answers alone
+      // (issue 9, item 4; the wrappers are cost units by unit_rule_ops in cost_model.cpp).
+      // Factories and fills: empty + fill_ / zero_ (FillKernel.cu), write-only.
+      {"aten::zeros", R(K::kElementwise, f_write_only, 0)},
+      {"aten::ones", R(K::kElementwise, f_write_only, 0)},
+      {"aten::full", R(K::kElementwise, f_write_only, 0)},
+      {"aten::new_zeros", R(K::kElementwise, f_write_only, 0)},
+      {"aten::new_ones", R(K::kElementwise, f_write_only, 0)},
+      {"aten::new_full", R(K::kElementwise, f_write_only, 0)},
+      {"aten::zeros_like", R(K::kElementwise, f_write_only, 0)},
+      {"aten::ones_like", R(K::kElementwise, f_write_only, 0)},
+      {"aten::full_like", R(K::kElementwise, f_write_only, 0)},
+      {"aten::scalar_tensor", R(K::kElementwise, f_write_only, 0)},
+      {"aten::eye", R(K::kElementwise, f_write_only, 0, -1, -1, -1, 2)},  // zero_ + diagonal fill_
+      // RangeFactories.cu: one index -> value kernel (start + i * step; logspace adds a pow).
+      {"aten::linspace", R(K::kElementwise, f_write_only, 2)},
+      {"aten::logspace", R(K::kElementwise, f_write_only, 3)},
+      // Random factories: empty + the in-place Philox distribution kernel (DistributionKernels).
+      {"aten::rand", R(K::kElementwise, f_write_only, 4)},
+      {"aten::rand_like", R(K::kElementwise, f_write_only, 4)},
+      {"aten::randn", R(K::kElementwise, f_write_only, 6)},
+      {"aten::randn_like", R(K::kElementwise, f_write_only, 6)},
+      {"aten::randint", R(K::kElementwise, f_write_only, 4)},
+      {"aten::randint_like", R(K::kElementwise, f_write_only, 4)},
+      {"aten::cauchy", R(K::kElementwise, f_write_only, 6)},
+      {"aten::exponential", R(K::kElementwise, f_write_only, 5)},
+      {"aten::geometric", R(K::kElementwise, f_write_only, 5)},
+      {"aten::log_normal", R(K::kElementwise, f_write_only, 7)},
+      // randperm (Randperm.cu): random keys, a radix sort of (key, index), a shuffle pass.
+      {"aten::randperm", R(K::kElementwise, f_write_only, 8, -1, -1, -1, 6)},
+      // Element-wise ops reached through their .out kernel.
+      {"aten::frexp", R(K::kElementwise, f_elementwise, 2)},
+      {"aten::nan_to_num", R(K::kElementwise, f_elementwise, 3)},  // isnan / isinf selects
+      {"aten::logical_xor", R(K::kElementwise, f_elementwise, 1)},
+      // Copies through an expanded or permuted view (repeat: copy_ into the unfolded output).
+      {"aten::pixel_shuffle", R(K::kCopy, f_copy, 0, -1)},
+      {"aten::pixel_unshuffle", R(K::kCopy, f_copy, 0, -1)},
+      // In-place masked copies read and write self (f_copy would see self == output: no copy).
+      {"aten::tril_", R(K::kCopy, f_elementwise, 0)},
+      {"aten::triu_", R(K::kCopy, f_elementwise, 0)},
+      // Sorts, radix selections, scans (formulas above).
+      {"aten::sort", R(K::kReduction, f_sort, 0, -1, -1, -1, -1)},
+      {"aten::argsort", R(K::kReduction, f_sort, 0, -1, -1, -1, -1)},
+      {"aten::msort", R(K::kReduction, f_sort, 0, 0, -1, -1, -1)},
+      {"aten::topk", R(K::kReduction, f_select, 0, 2, 0, -1, -1)},
+      {"aten::kthvalue", R(K::kReduction, f_select, 0, 2, 1, -1, -1)},
+      {"aten::median", R(K::kReduction, f_select, 0, 1, 1, -1, -1)},  // median() is 1 slice
+      {"aten::nanmedian", R(K::kReduction, f_select, 0, 1, 1, -1, -1)},
+      {"aten::mode", R(K::kReduction, f_sort, 0, -1, -1, -1, -1)},  // sorts each slice, counts runs
+      {"aten::cumsum", R(K::kReduction, f_scan, 1, -1)},
+      {"aten::cumprod", R(K::kReduction, f_scan, 1, -1)},
+      {"aten::logcumsumexp", R(K::kReduction, f_scan, 4, -1)},  // max, sub, exp, log1p
+      {"aten::_logcumsumexp", R(K::kReduction, f_scan, 4, -1)},
+      {"aten::cummax", R(K::kReduction, f_scan, 1, -1)},
+      {"aten::cummin", R(K::kReduction, f_scan, 1, -1)},
+      {"aten::_cummax_helper", R(K::kReduction, f_scan, 1, -1)},
+      {"aten::_cummin_helper", R(K::kReduction, f_scan, 1, -1)},
+      {"aten::masked_scatter", R(K::kEmbedding, f_masked_scatter, 0, -1, -1, -1, -1)},
+      // masked_select of the gradient (mask scan + gather) into a zero-padded buffer.
+      {"aten::masked_scatter_backward", R(K::kEmbedding, f_elementwise, 0, -1, -1, -1, 3)},
+      // --- cuDNN RNNs (the trace records them where RNN.cpp picks cuDNN; blink/cuda_paths.py).
+      {"aten::_cudnn_rnn", R(K::kRnn, f_cudnn_rnn, 0, 0, -1, -1, -1)},
+      {"aten::_cudnn_rnn_backward", R(K::kRnn, f_cudnn_rnn, 0, 1, -1, -1, -1)},
+      // The native LSTM on CUDA (no cuDNN): per step one fused gate kernel (RNN.cpp LSTMCell,
+      // FusedRNNKernel.cu): gate nonlinearities, c and h; its backward the gate gradients.
+      {"aten::_thnn_fused_lstm_cell", R(K::kElementwise, f_elementwise, 6)},
+      {"aten::_thnn_fused_lstm_cell_backward_impl", R(K::kElementwise, f_elementwise, 8)},
+      {"aten::_thnn_fused_gru_cell", R(K::kElementwise, f_elementwise, 6)},
+      {"aten::_thnn_fused_gru_cell_backward", R(K::kElementwise, f_elementwise, 8)},
+      // _cudnn_rnn_flatten_weight: one copy of every weight into the flat buffer.
+      {"aten::_cudnn_rnn_flatten_weight", R(K::kCopy, f_copy, 0, -1)},
   };
   return table;
 }
@@ -1222,12 +1584,12 @@ bool is_fp32_math(int d) { return d == 5 || d == 6 || d == 15 || is_float8(d) ||
 
 bool is_tensor_core(MathMode m) {
   return m == MathMode::kTf32 || m == MathMode::kBf16Tc || m == MathMode::kFp16Tc ||
-         m == MathMode::kFp8Tc;
+         m == MathMode::kFp8Tc || m == MathMode::kTf32x3;
 }
 
 MathMode decide_math(const Ctx& c, UnitKind kind, int dtype) {
   const GpuSpec& g = c.gpu;
-  if (kind != K::kGemm && kind != K::kConv && kind != K::kAttention) {
+  if (kind != K::kGemm && kind != K::kConv && kind != K::kAttention && kind != K::kRnn) {
     return is_fp32_math(dtype) ? MathMode::kFp32Simt : MathMode::kOther;
   }
   switch (dtype) {
@@ -1237,11 +1599,16 @@ MathMode decide_math(const Ctx& c, UnitKind kind, int dtype) {
       return g.cc_major >= 7 && g.peak_fp16 > 0 ? MathMode::kFp16Tc : MathMode::kFp32Simt;
     case 15:  // BFloat16: tensor cores from sm_80; before, FP32 math on CUDA cores
       return g.cc_major >= 8 && g.peak_bf16 > 0 ? MathMode::kBf16Tc : MathMode::kFp32Simt;
-    case 6: {  // Float: TF32 only where the matching torch.backends flag allows it. FP32
-               // attention (mem-efficient) is counted as SIMT.
-      const bool allow = kind == K::kGemm   ? c.opts.allow_tf32_matmul
-                         : kind == K::kConv ? c.opts.allow_tf32_cudnn
-                                            : false;
+    case 6: {  // Float: TF32 only where the matching torch.backends flag allows it.
+      // FP32 mem-efficient attention ignores the flags: on sm_80+ its CUTLASS GEMMs are
+      // DefaultGemmType<Sm80, float> = TensorOp with OpMultiplyAddFastF32 (3xTF32,
+      // transformers/cuda/mem_eff_attention/gemm_kernel_utils.h); older GPUs run SIMT FP32.
+      if (kind == K::kAttention) {
+        return g.cc_major >= 8 && g.peak_tf32 > 0 ? MathMode::kTf32x3 : MathMode::kFp32Simt;
+      }
+      // cuDNN RNNs take cuDNN's flag: cudnn/RNN.cpp asks for CUDNN_FMA_MATH only when
+      // torch.backends.cudnn.allow_tf32 is off.
+      const bool allow = kind == K::kGemm ? c.opts.allow_tf32_matmul : c.opts.allow_tf32_cudnn;
       return allow && g.cc_major >= 8 && g.peak_tf32 > 0 ? MathMode::kTf32 : MathMode::kFp32Simt;
     }
     default:
@@ -1381,6 +1748,7 @@ double peak_flops_for(MathMode mode, int dtype, const GpuSpec& g) {
     case MathMode::kBf16Tc: return g.peak_bf16;
     case MathMode::kFp16Tc: return g.peak_fp16;
     case MathMode::kFp8Tc: return g.peak_fp8;
+    case MathMode::kTf32x3: return g.peak_tf32 / 3.0;  // three TF32 MMAs per product
     case MathMode::kOther:
     default:
       if (dtype == 7 || dtype == 10) return g.peak_fp64 > 0 ? g.peak_fp64 : g.peak_fp32 / 32.0;
@@ -1421,6 +1789,7 @@ const char* unit_kind_name(UnitKind kind) {
     case K::kCopy: return "copy";
     case K::kOptimizer: return "optimizer";
     case K::kLoss: return "loss";
+    case K::kRnn: return "rnn";
     case K::kOther: default: return "other";
   }
 }
@@ -1432,6 +1801,7 @@ const char* math_mode_name(MathMode mode) {
     case MathMode::kBf16Tc: return "bf16_tc";
     case MathMode::kFp16Tc: return "fp16_tc";
     case MathMode::kFp8Tc: return "fp8_tc";
+    case MathMode::kTf32x3: return "3xtf32";
     case MathMode::kOther: default: return "other";
   }
 }

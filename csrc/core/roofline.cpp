@@ -33,6 +33,7 @@ double attention_compute_s(const UnitFeatures& f, const GpuSpec& g) {
 
 double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
   if (f.kernels <= 0) return 0.0;
+  if (f.kind == UnitKind::kRnn) return rnn_time_s(f, g);  // a sequence of dependent kernels
   if (g.sm_count <= 0 || !(g.mem_bw > 0) || !(g.peak_fp32 > 0)) {
     throw Error("GpuSpec '" + g.name + "': sm_count, mem_bw and peak_fp32 must be positive");
   }

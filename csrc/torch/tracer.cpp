@@ -188,6 +188,11 @@ void record_value(Session& s, const c10::IValue& v, Arg& arg) {
       arg.tensors.emplace_back();
       if (e.isTensor() && e.toTensor().defined()) tensor_info(s, e.toTensor(), arg.tensors.back());
     }
+  } else if (v.isComplexDouble()) {
+    // A complex scalar (polar's backward, complex mul): toDouble() would throw in the
+    // callback and lose the record.
+    arg.kind = ArgKind::kOther;
+    arg.s = "ComplexDouble";
   } else if (v.isScalar()) {
     arg.kind = ArgKind::kDouble;
     arg.d = v.toScalar().toDouble();

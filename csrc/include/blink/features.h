@@ -60,10 +60,15 @@ enum class UnitKind {
   kOptimizer,
   kLoss,
   kOther,
+  // Appended so the existing codes (a tree-model input) keep their values.
+  kRnn,  // cuDNN RNN (_cudnn_rnn, _cudnn_rnn_backward): see rnn_time_s in roofline.h
 };
 
 // How the unit's arithmetic runs: SIMT FP32 on CUDA cores, or a tensor-core mode.
-enum class MathMode { kFp32Simt, kTf32, kBf16Tc, kFp16Tc, kFp8Tc, kOther };
+// kTf32x3: FP32-accurate products from three TF32 tensor-core MMAs (CUTLASS
+// OpMultiplyAddFastF32), what PyTorch's mem-efficient attention runs for FP32 on sm_80+;
+// appended so the existing codes keep their values.
+enum class MathMode { kFp32Simt, kTf32, kBf16Tc, kFp16Tc, kFp8Tc, kOther, kTf32x3 };
 
 // The math settings that change kernel choice. Defaults are PyTorch's: matmul TF32 off
 // (torch.backends.cuda.matmul.allow_tf32), cuDNN TF32 on (torch.backends.cudnn.allow_tf32).
@@ -108,6 +113,11 @@ struct UnitFeatures {
   // Attention extras (with m, n, k, batch above).
   int64_t head_dim_v = 0;
   bool causal = false;
+
+  // kRnn (one cuDNN RNN call) reuses fields: m = mini-batch, n = gates * hidden (N of the
+  // recurrent GEMM), k = its K (hidden, or proj size), batch = layers * directions, groups =
+  // directions, outer = timesteps, inner = layer-0 input size, conv_c = hidden size, conv_r = 1
+  // when the backward also computes the weight gradients.
 
   // Reductions, normalisations, softmax: `outer` independent rows of `inner` elements each.
   // Gathers / embedding: outer = indices, inner = elements per index. Losses: outer = targets,

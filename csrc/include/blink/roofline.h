@@ -49,6 +49,11 @@ inline constexpr double kSimtElementwiseEfficiency = 0.5;
 // convolutions and attention. 0 for a unit without kernels.
 double analytic_time_s(const UnitFeatures& f, const GpuSpec& gpu);
 
+// Time of one cuDNN RNN call (UnitKind::kRnn; csrc/core/rnn.cpp): the per-layer input GEMMs
+// over all timesteps, then T dependent steps (a small recurrent GEMM + the fused gate kernel),
+// layers overlapping in a wavefront where one step leaves the GPU idle.
+double rnn_time_s(const UnitFeatures& f, const GpuSpec& gpu);
+
 // ---- host time ----------------------------------------------------------------------------
 //
 // An eager op's CPU time splits in two: the caller's side (the Python line that calls it, the
