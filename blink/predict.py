@@ -2,8 +2,11 @@
 
 The trace's units are costed in C++ (csrc/core/cost_model.cpp): analytic per-kernel times on
 the eager CPU/GPU timeline, and a replay of the storage events through the CUDA caching-allocator
-simulator. No trained model ships yet, so every unit's number comes from the analytic model and
-the interval is not calibrated (see Prediction.interval_method).
+simulator. Where models/card.json (blink.learned) has a forest for a unit's kind, the C++ core
+evaluates it and the unit's time becomes analytic * exp(p) (UnitRow.source "trees"); the timeline
+is re-run with the corrected times. With models/conformal.json the interval is split-conformal;
+without trained models every number is analytic and the interval is the uncalibrated band below
+(Prediction.interval_method says which).
 """
 from __future__ import annotations
 
@@ -11,13 +14,16 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from math import exp
 from typing import Any
 
 import torch
 
 from .cost import core_gpu_spec
 from .dryrun import trace_model
+from .errors import ConfigError
 from .hardware import GPUSpec, get_gpu
+from .learned import conformal_interval, load_models, models_dir, unit_quantile
 from .trace import PHASES, Trace, _fmt_bytes
 
 FORMAT_VERSION = 1
@@ -56,8 +62,11 @@ class UnitRow:
     bytes: float
     kernels: int
     math_mode: str
-    source: str  # which model produced time_ms: "analytic" (or "none" when it failed)
+    source: str  # which model produced time_ms: "trees", "analytic" (or "none" when it failed)
     error: str = ""
+    analytic_ms: float | None = None  # the analytic time, before any learned correction
+    lower_ms: float | None = None     # per-unit conformal interval (trees units with a table)
+    upper_ms: float | None = None
 
 
 @dataclass
@@ -86,6 +95,7 @@ class Prediction:
     gpu_memory_bytes: int = 0
     fits: bool = True
     notes: list[str] = field(default_factory=list)
+    predictor: str = "analytic"  # "trees" where forests covered units, else "analytic"
 
     # -- views -----------------------------------------------------------------------------
     def by_op(self) -> list[tuple[str, int, float]]:
@@ -170,11 +180,20 @@ class Prediction:
         return doc
 
 
+PREDICTORS = ("auto", "analytic")
+
+
 def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | None = None,
                   allow_tf32_matmul: bool | None = None,
-                  allow_tf32_cudnn: bool | None = None) -> Prediction:
+                  allow_tf32_cudnn: bool | None = None, predictor: str = "auto") -> Prediction:
     """Cost an existing trace on `gpu`. TF32 flags default to torch's current settings
-    (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)."""
+    (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32).
+
+    predictor="auto" uses the trained artifacts of blink.learned.models_dir() where they cover a
+    unit's kind (analytic elsewhere, and everywhere when there are none); "analytic" ignores them.
+    """
+    if predictor not in PREDICTORS:
+        raise ConfigError(f"predictor {predictor!r} is not one of {', '.join(PREDICTORS)}")
     spec = get_gpu(gpu)
     if allow_tf32_matmul is None:
         allow_tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -187,20 +206,44 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     notes: list[str] = []
     if traced_for and traced_for != spec.name:
         notes.append(f"traced for {traced_for}; SDPA kernel choice is that GPU's")
+    models = None
+    if predictor == "auto":
+        models = load_models()  # ArtifactError for a corrupt or incompatible models/
+        if models is None:
+            notes.append(f"no trained models ({models_dir()}/card.json not found): every unit "
+                         "time is analytic")
+        elif not models.forests:
+            notes.append(f"{models_dir()}/card.json has no forests: every unit time is analytic")
     native = t.native()
-    cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn)
+    cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn,
+                       models.unit_models if models is not None and models.forests else None)
     workspace = cublas_workspace_bytes(spec)
     mem = native.memory(expandable_segments=expandable_segments, workspace_bytes=workspace)
 
     units = []
     failed = 0
+    by_trees: dict[str, int] = {}
     for (op_id, kind, time_s, roof_s, flops, br, bw, kernels, _matched, math, err,
-         (name, module, phase)) in cost["units"]:
+         (name, module, phase), source, analytic_s, _log_ratio) in cost["units"]:
         if err:
             failed += 1
+        lo = hi = None
+        if source == "trees":
+            by_trees[kind] = by_trees.get(kind, 0) + 1
+            q = unit_quantile(models, kind) if models is not None else None
+            if q is not None:
+                lo, hi = time_s * 1e3 * exp(-q), time_s * 1e3 * exp(q)
         units.append(UnitRow(op_id, name, module, PHASES[phase], kind, time_s * 1e3,
-                             roof_s * 1e3, flops, br + bw, int(kernels), math,
-                             "none" if err else "analytic", err))
+                             roof_s * 1e3, flops, br + bw, int(kernels), math, source, err,
+                             analytic_s * 1e3, lo, hi))
+    if by_trees and models is not None:
+        covered = ", ".join(f"{k} {n}" for k, n in sorted(by_trees.items()))
+        notes.append(f"unit times from {models.describe()}: {covered} units; the rest analytic")
+        unseen = sorted(k for k in by_trees if models.forests[k].gpus
+                        and spec.name not in models.forests[k].gpus)
+        if unseen:
+            notes.append(f"{spec.name} is not among the GPUs the {', '.join(unseen)} trees were "
+                         "trained on (they extrapolate through the GPU's specs)")
     if failed:
         notes.append(f"{failed} units could not be costed (see units[].error); counted as 0")
     timeline = []
@@ -209,12 +252,18 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                          "phase": PHASES[phase], "host_start_s": hs, "host_end_s": he,
                          "gpu_start_s": gs, "gpu_end_s": ge})
     time_ms = cost["end_to_end_s"] * 1e3
+    lower_ms = min(cost["lower_bound_s"] * 1e3, time_ms)
+    upper_ms = time_ms * _UPPER_FACTOR
+    interval_method = INTERVAL_METHOD
+    conf = conformal_interval(models, time_ms) if models is not None else None
+    if conf is not None:
+        lower_ms, upper_ms, interval_method = conf
     smi = mem["peak_reserved_bytes"] + CUDA_CONTEXT_BYTES
     return Prediction(
         model=str(t.meta.get("model", "?")), gpu=spec.name, mode=str(t.meta.get("mode", "?")),
         dtype=str(t.meta.get("dtype", "?")), batch_size=t.meta.get("batch_size"),
         seq_len=t.meta.get("seq_len"), time_ms=time_ms,
-        lower_ms=min(cost["lower_bound_s"] * 1e3, time_ms), upper_ms=time_ms * _UPPER_FACTOR,
+        lower_ms=lower_ms, upper_ms=upper_ms, interval_method=interval_method,
         host_ms=cost["host_s"] * 1e3, gpu_busy_ms=cost["gpu_busy_s"] * 1e3,
         peak_allocated_bytes=int(mem["peak_allocated_bytes"]),
         peak_reserved_bytes=int(mem["peak_reserved_bytes"]), nvidia_smi_bytes=int(smi),
@@ -222,6 +271,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         workspace_bytes=workspace, units=units, timeline=timeline,
         expandable_segments=bool(expandable_segments), gpu_memory_bytes=spec.memory_bytes,
         fits=smi <= spec.memory_bytes, notes=notes,
+        predictor="trees" if by_trees else "analytic",
     )
 
 
@@ -240,15 +290,21 @@ def predict(
     nonzero: str = "error",
     expandable_segments: bool | None = None,
     first_step: bool = False,
+    predictor: str = "auto",
 ) -> Prediction:
     """Predict time and memory of `model` on `gpu` without running it there.
 
     Same inputs as blink.trace_model (a module or zoo name; `inputs`, `input_shape` or, for zoo
     models, `batch_size` / `seq_len`); mode="train" is forward, loss, backward and
     `optimizer.step()`, in steady state (optimizer state already resident) unless first_step.
+    predictor="auto" uses the trained artifacts in models/ where they cover a unit;
+    "analytic" forces the analytic model (see predict_trace).
     """
+    if predictor not in PREDICTORS:
+        raise ConfigError(f"predictor {predictor!r} is not one of {', '.join(PREDICTORS)}")
     spec = get_gpu(gpu)  # fail on an unknown GPU before tracing
     t = trace_model(model, inputs, input_shape=input_shape, batch_size=batch_size,
                     seq_len=seq_len, dtype=dtype, mode=mode, optimizer=optimizer,
                     gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step)
-    return predict_trace(t, spec.name, expandable_segments=expandable_segments)
+    return predict_trace(t, spec.name, expandable_segments=expandable_segments,
+                         predictor=predictor)
