@@ -46,7 +46,8 @@ def _cmd_predict(a: argparse.Namespace) -> int:
 
     p = predict(a.model, batch_size=a.batch_size, seq_len=a.seq_len, dtype=a.dtype, mode=a.mode,
                 optimizer=a.optimizer, gpu=a.gpu,
-                expandable_segments=True if a.expandable_segments else None)
+                expandable_segments=True if a.expandable_segments else None,
+                predictor=a.predictor)
     if a.chrome_trace:
         p.to_chrome_trace(a.chrome_trace)
         print(f"timeline written to {a.chrome_trace} (open in ui.perfetto.dev)", file=sys.stderr)
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chrome-trace", metavar="PATH", default=None,
                    help="also write the predicted timeline as a Chrome/Perfetto trace")
     p.add_argument("--top", type=int, default=15, help="op rows in the table (default 15)")
+    p.add_argument("--predictor", choices=["auto", "analytic"], default="auto",
+                   help="auto: trained models in models/ (or $BLINK_MODELS_DIR) where they cover "
+                        "a unit, else analytic; analytic: ignore trained models")
     p.set_defaults(func=_cmd_predict)
     from .collect.cli import add_collect_parser
 
