@@ -105,6 +105,7 @@ class LearnedModels:
     conformal: dict[str, Any] | None = None
     conformal_path: Path | None = None
     gnn_path: Path | None = None
+    gnn: Any = None  # blink._C.Gnn when gnn_path is set
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -290,6 +291,14 @@ def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
             raise _fail(card_path, "'gnn' must be an object {file, sha256?}")
         models.gnn_path = _artifact_path(d, card_path, gnn.get("file"), "gnn")
         _check_sha256(card_path, models.gnn_path, gnn.get("sha256"), "gnn")
+    elif (d / "gnn.safetensors").is_file():
+        models.gnn_path = d / "gnn.safetensors"
+    if models.gnn_path is not None:
+        try:
+            models.gnn = _C.load_gnn(str(models.gnn_path))
+        except _C.Error as exc:  # names the file and what is wrong
+            raise ArtifactError(f"{exc}. Retrain with `blink train` (predict(..., "
+                                "predictor='analytic') skips the models).") from exc
     return models
 
 

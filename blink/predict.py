@@ -95,7 +95,9 @@ class Prediction:
     gpu_memory_bytes: int = 0
     fits: bool = True
     notes: list[str] = field(default_factory=list)
-    predictor: str = "analytic"  # "trees" where forests covered units, else "analytic"
+    # "trees" where forests covered units, "+gnn" / "gnn" where the GNN corrected time_ms,
+    # else "analytic"
+    predictor: str = "analytic"
 
     # -- views -----------------------------------------------------------------------------
     def by_op(self) -> list[tuple[str, int, float]]:
@@ -216,7 +218,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
             notes.append(f"{models_dir()}/card.json has no forests: every unit time is analytic")
     native = t.native()
     cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn,
-                       models.unit_models if models is not None and models.forests else None)
+                       models.unit_models if models is not None and models.forests else None,
+                       models.gnn if models is not None else None)
     workspace = cublas_workspace_bytes(spec)
     mem = native.memory(expandable_segments=expandable_segments, workspace_bytes=workspace)
 
@@ -244,6 +247,10 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         if unseen:
             notes.append(f"{spec.name} is not among the GPUs the {', '.join(unseen)} trees were "
                          "trained on (they extrapolate through the GPU's specs)")
+    gnn_c = cost["gnn_log_correction"]
+    if gnn_c == gnn_c and models is not None:  # not NaN: a GNN corrected end_to_end_s
+        notes.append(f"end-to-end time x{exp(gnn_c):.4f} from the GNN ({models.gnn_path}); the "
+                     "timeline shows the per-unit schedule before that correction")
     if failed:
         notes.append(f"{failed} units could not be costed (see units[].error); counted as 0")
     timeline = []
@@ -271,7 +278,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         workspace_bytes=workspace, units=units, timeline=timeline,
         expandable_segments=bool(expandable_segments), gpu_memory_bytes=spec.memory_bytes,
         fits=smi <= spec.memory_bytes, notes=notes,
-        predictor="trees" if by_trees else "analytic",
+        predictor="+".join((["trees"] if by_trees else [])
+                           + (["gnn"] if gnn_c == gnn_c else [])) or "analytic",
     )
 
 

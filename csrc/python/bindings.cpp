@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "../torch/tracer.h"
@@ -12,6 +13,7 @@
 #include "blink/error.h"
 #include "blink/features.h"
 #include "blink/forest.h"
+#include "blink/gnn.h"
 #include "blink/learned.h"
 #include "blink/roofline.h"
 #include "blink/trace_types.h"
@@ -257,6 +259,55 @@ py::array_t<double, py::array::c_style | py::array::forcecast> matrix_from_pytho
   return a;
 }
 
+py::dict graph_to_python(const TraceCost& c, const UnitGraph& g) {
+  const size_t nf = gnn_node_feature_names().size();
+  py::array_t<double> x({static_cast<size_t>(g.num_nodes), nf});
+  if (!g.x.empty()) std::memcpy(x.mutable_data(), g.x.data(), g.x.size() * sizeof(double));
+  py::array_t<int64_t> edges({g.src.size(), size_t{2}});
+  auto e = edges.mutable_unchecked<2>();
+  for (size_t i = 0; i < g.src.size(); ++i) {
+    e(i, 0) = g.src[i];
+    e(i, 1) = g.dst[i];
+  }
+  std::vector<int64_t> ops;
+  for (const UnitCost& u : c.units) ops.push_back(u.op);
+  py::dict d;
+  d["x"] = x;
+  d["edges"] = edges;
+  d["g"] = py::cast(g.g);
+  d["op"] = py::cast(ops);
+  d["node_features"] = py::cast(gnn_node_feature_names());
+  d["graph_features"] = py::cast(gnn_graph_feature_names());
+  return d;
+}
+
+// The inverse of graph_to_python (x, edges, g), checked.
+UnitGraph graph_from_python(const py::dict& d) {
+  UnitGraph g;
+  auto x = matrix_from_python(d["x"], "unit graph x");
+  BLINK_CHECK(static_cast<size_t>(x.shape(1)) == gnn_node_feature_names().size(),
+              "unit graph x has " + std::to_string(x.shape(1)) + " columns, expected " +
+                  std::to_string(gnn_node_feature_names().size()));
+  g.num_nodes = x.shape(0);
+  g.x.assign(x.data(), x.data() + x.size());
+  auto e = matrix_from_python(d["edges"], "unit graph edges");
+  BLINK_CHECK(e.shape(1) == 2 || e.shape(0) == 0, "unit graph edges must be E x 2");
+  for (py::ssize_t i = 0; i < e.shape(0); ++i) {
+    const double s = e.at(i, 0), t = e.at(i, 1);
+    BLINK_CHECK(s >= 0 && t >= 0 && s < g.num_nodes && t < g.num_nodes && s == std::floor(s) &&
+                    t == std::floor(t),
+                "unit graph edge " + std::to_string(i) + " names a node outside 0.." +
+                    std::to_string(g.num_nodes - 1));
+    g.src.push_back(static_cast<int64_t>(s));
+    g.dst.push_back(static_cast<int64_t>(t));
+  }
+  g.g = d["g"].cast<std::vector<double>>();
+  BLINK_CHECK(g.g.size() == gnn_graph_feature_names().size(),
+              "unit graph g has " + std::to_string(g.g.size()) + " entries, expected " +
+                  std::to_string(gnn_graph_feature_names().size()));
+  return g;
+}
+
 AllocSimOptions sim_options(bool expandable_segments, int64_t capacity_bytes) {
   AllocSimOptions o;
   o.expandable_segments = expandable_segments;
@@ -301,23 +352,56 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(
           "cost",
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
+             std::shared_ptr<const UnitModels> models, std::shared_ptr<const Gnn> gnn) {
+            FeatureOptions o;
+            o.allow_tf32_matmul = allow_tf32_matmul;
+            o.allow_tf32_cudnn = allow_tf32_cudnn;
+            TraceCost c;
+            LearnedResult lr;
+            double correction = std::nan("");
+            double uncorrected = 0.0;
+            {
+              py::gil_scoped_release release;
+              c = cost_trace(d, meta_device(), g, o);
+              if (models) lr = apply_unit_models(c, *models, g);
+              uncorrected = c.end_to_end_s;
+              if (gnn) {
+                correction = gnn->forward(build_unit_graph(d, c, models ? &lr : nullptr, g));
+                c.end_to_end_s *= std::exp(correction);
+              }
+            }
+            py::dict out = cost_to_python(d, c, models ? &lr : nullptr);
+            out["gnn_log_correction"] = correction;
+            out["timeline_end_to_end_s"] = uncorrected;
+            return out;
+          },
+          py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
+          py::arg("models") = nullptr, py::arg("gnn") = nullptr,
+          "Cost the trace on `gpu`; with `models` (a UnitModels), covered units take the "
+          "forests' times and the timeline is re-run with them; with `gnn` (a Gnn), "
+          "end_to_end_s is the timeline's times exp(gnn_log_correction).")
+      .def(
+          "unit_graph",
+          [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
              std::shared_ptr<const UnitModels> models) {
             FeatureOptions o;
             o.allow_tf32_matmul = allow_tf32_matmul;
             o.allow_tf32_cudnn = allow_tf32_cudnn;
             TraceCost c;
             LearnedResult lr;
+            UnitGraph graph;
             {
               py::gil_scoped_release release;
               c = cost_trace(d, meta_device(), g, o);
               if (models) lr = apply_unit_models(c, *models, g);
+              graph = build_unit_graph(d, c, models ? &lr : nullptr, g);
             }
-            return cost_to_python(d, c, models ? &lr : nullptr);
+            return graph_to_python(c, graph);
           },
           py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
           py::arg("models") = nullptr,
-          "Cost the trace on `gpu`; with `models` (a UnitModels), covered units take the "
-          "forests' times and the timeline is re-run with them.")
+          "The GNN's input: {x: units x node_features, edges: E x 2 (producer, consumer), "
+          "g: graph features, op: unit op ids, node_features, graph_features}.")
       .def(
           "unit_model_inputs",
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn) {
@@ -415,6 +499,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add", &UnitModels::add, py::arg("kind"), py::arg("forest"), py::arg("features"),
            py::arg("clip_lo") = -4.0, py::arg("clip_hi") = 4.0)
       .def("kinds", &UnitModels::kinds);
+  py::class_<Gnn, std::shared_ptr<Gnn>>(m, "Gnn")
+      .def_readonly("source", &Gnn::source)
+      .def_readonly("hidden", &Gnn::hidden)
+      .def_property_readonly("layers", [](const Gnn& g) { return g.layers.size(); })
+      .def_property_readonly("clip", [](const Gnn& g) { return py::make_tuple(g.clip_lo, g.clip_hi); })
+      .def(
+          "forward",
+          [](const Gnn& g, const py::dict& graph) {
+            UnitGraph ug = graph_from_python(graph);
+            py::gil_scoped_release release;
+            return g.forward(ug);
+          },
+          py::arg("graph"), "The clipped log correction for a unit graph {x, edges, g}.");
+  m.def("load_gnn", [](const std::string& path) { return std::make_shared<Gnn>(load_gnn(path)); },
+        py::arg("path"), "Read GNN weights (safetensors written by blink.gnn.save).");
+  m.def("parse_gnn",
+        [](const py::bytes& data, const std::string& source) {
+          return std::make_shared<Gnn>(parse_gnn(std::string(data), source));
+        },
+        py::arg("data"), py::arg("source") = "<bytes>");
+  m.def("gnn_node_feature_names", []() { return gnn_node_feature_names(); });
+  m.def("gnn_graph_feature_names", []() { return gnn_graph_feature_names(); });
   m.def("unit_model_input_names", []() { return unit_model_input_names(); },
         "Names a unit model may take as inputs (feature_values keys, analytic_time_s, gpu_*).");
   m.def("gpu_model_inputs", [](const GpuSpec& g) {
