@@ -1,6 +1,7 @@
 // XGBoost JSON models -> flat arrays, and their evaluation (see blink/forest.h).
 #include "blink/forest.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -272,7 +273,7 @@ Forest parse_forest(const std::string& text, const std::string& source) {
         c.check(cat->array_size(tw + ".categories") == 0,
                 tw + " has categorical splits; only numerical splits are supported");
       }
-      const size_t offset = f.left.size();
+      const size_t offset = f.nodes.size();
       c.check(offset + nn <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
               "more than 2^31 nodes in all");
       f.roots.push_back(static_cast<int32_t>(offset));
@@ -308,11 +309,12 @@ Forest parse_forest(const std::string& text, const std::string& source) {
                   nw + " splits on feature " + std::to_string(feature) + " but the model has " +
                       std::to_string(f.num_features) + " features");
         }
-        f.left.push_back(leaf ? -1 : static_cast<int32_t>(offset) + l);
-        f.right.push_back(leaf ? -1 : static_cast<int32_t>(offset) + r);
-        f.split_index.push_back(feature);
-        f.value.push_back(v);
-        f.default_left.push_back(dl[i]);
+        Forest::Node node;
+        node.left = leaf ? -1 : static_cast<int32_t>(offset) + l;
+        node.right = leaf ? -1 : static_cast<int32_t>(offset) + r;
+        node.split = static_cast<uint32_t>(feature) | (dl[i] ? 0x80000000u : 0u);
+        node.value = v;
+        f.nodes.push_back(node);
       }
       // A tree: every node reached from the root at most once (no cycle, no shared child),
       // so evaluation stops within num_nodes steps.
@@ -324,10 +326,10 @@ Forest parse_forest(const std::string& text, const std::string& source) {
         c.check(!seen[static_cast<size_t>(i)],
                 tw + " node " + std::to_string(i) + " is reached twice (not a tree)");
         seen[static_cast<size_t>(i)] = 1;
-        const size_t g = offset + static_cast<size_t>(i);
-        if (f.left[g] >= 0) {
-          stack.push_back(f.left[g] - static_cast<int32_t>(offset));
-          stack.push_back(f.right[g] - static_cast<int32_t>(offset));
+        const Forest::Node& node = f.nodes[offset + static_cast<size_t>(i)];
+        if (node.left >= 0) {
+          stack.push_back(node.left - static_cast<int32_t>(offset));
+          stack.push_back(node.right - static_cast<int32_t>(offset));
         }
       }
     }
@@ -342,28 +344,46 @@ Forest parse_forest(const std::string& text, const std::string& source) {
 
 Forest load_forest(const std::string& path) { return parse_forest(json::read_file(path), path); }
 
-double Forest::margin(const double* row) const {
-  double sum = base_margin;
-  const size_t nt = roots.size();
-  for (size_t t = 0; t < nt; ++t) {
-    int32_t i = roots[t];
-    while (left[static_cast<size_t>(i)] >= 0) {
-      const size_t k = static_cast<size_t>(i);
-      // XGBoost stores features as float32.
-      const float x = static_cast<float>(row[split_index[k]]);
-      if (std::isnan(x)) {
-        i = default_left[k] ? left[k] : right[k];
-      } else {
-        i = x < value[k] ? left[k] : right[k];
-      }
-    }
-    sum += value[static_cast<size_t>(i)];
-  }
-  return sum;
+namespace {
+
+// One step from internal node n for `row`. XGBoost stores features as float32 and sends
+// x < threshold left, a missing value to the default side. Branch-free: a NaN compares false,
+// so left = (x < t) or (NaN and default-left).
+inline int32_t step(const Forest::Node& n, const double* row) {
+  const float x = static_cast<float>(row[n.split & 0x7FFFFFFFu]);
+  const int32_t go_left = static_cast<int32_t>(x < n.value) |
+                          (static_cast<int32_t>(std::isnan(x)) & static_cast<int32_t>(n.split >> 31));
+  return n.right ^ ((n.left ^ n.right) & -go_left);
 }
 
-double Forest::predict(const double* row) const {
-  const double m = margin(row);
+// The leaf one row reaches in the tree rooted at `i`.
+inline float leaf_value(const Forest& f, int32_t i, const double* row) {
+  const Forest::Node* nodes = f.nodes.data();
+  while (nodes[i].left >= 0) i = step(nodes[i], row);
+  return nodes[i].value;
+}
+
+// kLanes rows down one tree in lockstep: independent load chains the CPU overlaps.
+constexpr size_t kLanes = 8;
+inline void leaf_values(const Forest& f, int32_t root, const double* const* rows, double* acc) {
+  const Forest::Node* nodes = f.nodes.data();
+  int32_t idx[kLanes];
+  for (size_t k = 0; k < kLanes; ++k) idx[k] = root;
+  bool active = true;
+  while (active) {
+    active = false;
+    for (size_t k = 0; k < kLanes; ++k) {
+      const Forest::Node& n = nodes[idx[k]];
+      if (n.left >= 0) {
+        idx[k] = step(n, rows[k]);
+        active = true;
+      }
+    }
+  }
+  for (size_t k = 0; k < kLanes; ++k) acc[k] += nodes[idx[k]].value;
+}
+
+double apply_link(ForestLink link, double m) {
   switch (link) {
     case ForestLink::kLogistic: return 1.0 / (1.0 + std::exp(-m));
     case ForestLink::kLog: return std::exp(m);
@@ -372,14 +392,37 @@ double Forest::predict(const double* row) const {
   return m;
 }
 
+}  // namespace
+
+double Forest::margin(const double* row) const {
+  double sum = base_margin;
+  for (int32_t root : roots) sum += leaf_value(*this, root, row);
+  return sum;
+}
+
+double Forest::predict(const double* row) const { return apply_link(link, margin(row)); }
+
 void Forest::predict_batch(const double* x, size_t rows, size_t cols, bool output_margin,
                            double* out) const {
   BLINK_CHECK(static_cast<int64_t>(cols) == num_features,
               source + ": the model takes " + std::to_string(num_features) +
                   " features per row, got " + std::to_string(cols));
-  for (size_t r = 0; r < rows; ++r) {
-    const double* row = x + r * cols;
-    out[r] = output_margin ? margin(row) : predict(row);
+  // Blocks of rows, tree by tree: one tree's nodes stay in L1 while a block walks it (the
+  // layout XGBoost's CPU predictor uses too). Each row still sums its trees in order, so the
+  // result equals margin(row).
+  constexpr size_t kBlock = 64;
+  for (size_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const size_t nb = std::min(kBlock, rows - r0);
+    double acc[kBlock];
+    for (size_t b = 0; b < nb; ++b) acc[b] = base_margin;
+    const double* lanes[kBlock];
+    for (size_t b = 0; b < nb; ++b) lanes[b] = x + (r0 + b) * cols;
+    const size_t full = nb - nb % kLanes;
+    for (int32_t root : roots) {
+      for (size_t b = 0; b < full; b += kLanes) leaf_values(*this, root, lanes + b, acc + b);
+      for (size_t b = full; b < nb; ++b) acc[b] += leaf_value(*this, root, lanes[b]);
+    }
+    for (size_t b = 0; b < nb; ++b) out[r0 + b] = output_margin ? acc[b] : apply_link(link, acc[b]);
   }
 }
 

@@ -38,16 +38,21 @@ struct Forest {
   ForestLink link = ForestLink::kIdentity;
   std::vector<std::string> feature_names;  // the model's own names when saved with them
 
-  // All trees' nodes in one flat array set; roots[t] is tree t's root.
+  // All trees' nodes in one flat array; roots[t] is tree t's root. One 16-byte record per
+  // node, so that a step of the traversal touches one cache line.
+  struct Node {
+    int32_t left = -1;   // child index into nodes, -1 at a leaf
+    int32_t right = -1;
+    uint32_t split = 0;  // feature index in bits 0..30; bit 31: a missing value goes left
+    float value = 0.0f;  // threshold at an internal node, leaf value at a leaf
+    int32_t feature() const { return static_cast<int32_t>(split & 0x7FFFFFFFu); }
+    bool default_left() const { return (split >> 31) != 0; }
+  };
   std::vector<int32_t> roots;
-  std::vector<int32_t> left;    // child index, -1 at a leaf
-  std::vector<int32_t> right;
-  std::vector<int32_t> split_index;
-  std::vector<float> value;     // threshold at an internal node, leaf value at a leaf
-  std::vector<uint8_t> default_left;
+  std::vector<Node> nodes;
 
   size_t num_trees() const { return roots.size(); }
-  size_t num_nodes() const { return left.size(); }
+  size_t num_nodes() const { return nodes.size(); }
 
   // One row of exactly num_features values (NaN = missing). Margin: base_margin + leaves.
   double margin(const double* row) const;
