@@ -310,9 +310,12 @@ def conformal_interval(models: LearnedModels, time_ms: float) -> tuple[float, fl
         return None
     q = float(c["model"]["q"])
     n = c["model"].get("n")
-    method = (f"{c['method']}: {100 * float(c['coverage']):.0f}% nominal coverage, calibrated on "
-              f"{c['calibration']}{'' if n is None else f' (n={n})'} "
-              f"[{models.conformal_path}]")
+    # The table may say which predictor's residuals it was calibrated on (blink train writes
+    # "analytic (blink.predict time_ms)" while no model-level correction is applied here).
+    of = c["model"].get("predictor")
+    method = (f"{c['method']}: {100 * float(c['coverage']):.0f}% nominal coverage"
+              f"{'' if not of else f' for the {of} time'}, calibrated on {c['calibration']}"
+              f"{'' if n is None else f' (n={n})'} [{models.conformal_path}]")
     return time_ms * math.exp(-q), time_ms * math.exp(q), method
 
 

@@ -169,7 +169,8 @@ def test_without_models_everything_is_analytic(traces, tmp_path, monkeypatch):
 def test_conformal_table_sets_intervals(traces, tmp_path, monkeypatch):
     conformal = {"format_version": 1, "method": "split-conformal (absolute log-ratio residuals)",
                  "coverage": 0.9, "calibration": "timm-rtx3090 held-out families",
-                 "unit": {"conv": {"q": 0.25, "n": 400}}, "model": {"q": 0.3, "n": 120}}
+                 "unit": {"conv": {"q": 0.25, "n": 400}},
+                 "model": {"q": 0.3, "n": 120, "predictor": "analytic"}}
     _write_models(tmp_path / "m", {"conv": (_conv_forest(traces), CONV_FEATURES, (-4.0, 4.0))},
                   conformal)
     monkeypatch.setenv("BLINK_MODELS_DIR", str(tmp_path / "m"))
@@ -178,7 +179,8 @@ def test_conformal_table_sets_intervals(traces, tmp_path, monkeypatch):
     assert p.upper_ms == pytest.approx(p.time_ms * math.exp(0.3), rel=1e-12)
     assert "split-conformal" in p.interval_method
     assert "90% nominal coverage" in p.interval_method
-    assert "timm-rtx3090 held-out families" in p.interval_method
+    assert "timm-rtx3090 held-out families (n=120)" in p.interval_method
+    assert "for the analytic time" in p.interval_method
     for u in p.units:
         if u.source == "trees":
             assert u.lower_ms == pytest.approx(u.time_ms * math.exp(-0.25), rel=1e-12)
