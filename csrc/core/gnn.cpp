@@ -103,15 +103,26 @@ UnitGraph build_unit_graph(const TraceData& trace, const TraceCost& cost, const 
 
 namespace {
 
-// y = W x + b for W (rows x cols) row-major.
-void affine(const std::vector<double>& w, const double* b, const double* x, size_t rows,
+// y = W x + b with W given transposed (wt: cols x rows, row-major), so that the inner loop
+// runs over contiguous outputs (vectorisable without reassociating a sum). Each y[r] still
+// adds its terms in column order.
+void affine(const std::vector<double>& wt, const double* b, const double* x, size_t rows,
             size_t cols, double* y) {
-  for (size_t r = 0; r < rows; ++r) {
-    double s = b != nullptr ? b[r] : 0.0;
-    const double* wr = &w[r * cols];
-    for (size_t c = 0; c < cols; ++c) s += wr[c] * x[c];
-    y[r] = s;
+  for (size_t r = 0; r < rows; ++r) y[r] = b != nullptr ? b[r] : 0.0;
+  for (size_t c = 0; c < cols; ++c) {
+    const double xc = x[c];
+    const double* w = &wt[c * rows];
+    for (size_t r = 0; r < rows; ++r) y[r] += w[r] * xc;
   }
+}
+
+// (rows x cols) row-major -> (cols x rows) row-major.
+std::vector<double> transposed(const std::vector<double>& w, size_t rows, size_t cols) {
+  std::vector<double> t(w.size());
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) t[c * rows + r] = w[r * cols + c];
+  }
+  return t;
 }
 
 }  // namespace
@@ -320,18 +331,20 @@ Gnn parse_gnn(const std::string& bytes, const std::string& source) {
     g.graph_std = r.tensor("graph_std", {ngf});
     for (double s : g.node_std) if (!(s > 0.0)) r.fail("node_std has a non-positive entry");
     for (double s : g.graph_std) if (!(s > 0.0)) r.fail("graph_std has a non-positive entry");
-    g.in_w = r.tensor("inp.weight", {h, nf});
+    const size_t hs = static_cast<size_t>(h);
+    g.in_w = transposed(r.tensor("inp.weight", {h, nf}), hs, static_cast<size_t>(nf));
     g.in_b = r.tensor("inp.bias", {h});
     for (int64_t l = 0; l < nl; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".";
       GnnLayer layer;
-      layer.self_w = r.tensor(p + "self.weight", {h, h});
+      layer.self_w = transposed(r.tensor(p + "self.weight", {h, h}), hs, hs);
       layer.self_b = r.tensor(p + "self.bias", {h});
-      layer.in_w = r.tensor(p + "msg_in.weight", {h, h});
-      layer.out_w = r.tensor(p + "msg_out.weight", {h, h});
+      layer.in_w = transposed(r.tensor(p + "msg_in.weight", {h, h}), hs, hs);
+      layer.out_w = transposed(r.tensor(p + "msg_out.weight", {h, h}), hs, hs);
       g.layers.push_back(std::move(layer));
     }
-    g.readout_w = r.tensor("readout.weight", {h, 2 * h + ngf});
+    g.readout_w = transposed(r.tensor("readout.weight", {h, 2 * h + ngf}), hs,
+                             static_cast<size_t>(2 * h + ngf));
     g.readout_b = r.tensor("readout.bias", {h});
     g.head_w = r.tensor("head.weight", {1, h});
     g.head_b = r.tensor("head.bias", {1})[0];

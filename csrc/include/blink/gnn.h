@@ -43,8 +43,9 @@ struct UnitGraph {
 UnitGraph build_unit_graph(const TraceData& trace, const TraceCost& cost, const LearnedResult* lr,
                            const GpuSpec& gpu);
 
+// Weight matrices are kept transposed (in x out, row-major) for the forward's loops.
 struct GnnLayer {
-  std::vector<double> self_w, self_b, in_w, out_w;  // H x H (row-major, out x in), H
+  std::vector<double> self_w, self_b, in_w, out_w;  // H x H, H
 };
 
 struct Gnn {
@@ -52,9 +53,9 @@ struct Gnn {
   int64_t hidden = 0;
   double clip_lo = -1.0, clip_hi = 1.0;
   std::vector<double> node_mean, node_std, graph_mean, graph_std;
-  std::vector<double> in_w, in_b;  // H x F, H
+  std::vector<double> in_w, in_b;  // F x H, H
   std::vector<GnnLayer> layers;
-  std::vector<double> readout_w, readout_b;  // H x (2H + G), H
+  std::vector<double> readout_w, readout_b;  // (2H + G) x H, H
   std::vector<double> head_w;                // H
   double head_b = 0.0;
 
