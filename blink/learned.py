@@ -53,7 +53,7 @@ def input_row(features: dict[str, Any], gpu: Any) -> dict[str, float]:
     """The unit-model inputs of one unit by name, from a `blink._C.features_for` /
     `blink.cost.unit_features` dict (which must carry `analytic_time_s`) and the target GPU
     (a hardware-table name or GPUSpec). Same values as the C++ core's vector: enums as their
-    codes, bools as 0/1."""
+    codes, bools as 0/1, a non-finite value as NaN (missing)."""
     from .cost import core_gpu_spec
 
     row: dict[str, float] = {}
@@ -70,7 +70,8 @@ def input_row(features: dict[str, Any], gpu: Any) -> dict[str, float]:
             v = _KIND_CODES[v]
         elif name == "math_mode" and isinstance(v, str):
             v = _MATH_CODES[v]
-        row[name] = float(v)
+        x = float(v)
+        row[name] = x if math.isfinite(x) else math.nan  # missing, as the core's vector
     return row
 
 

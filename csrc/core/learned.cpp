@@ -52,6 +52,10 @@ std::vector<double> unit_model_inputs(const UnitFeatures& f, double analytic_s,
   out.push_back(gpu.peak_fp16);
   out.push_back(gpu.peak_fp8);
   out.push_back(10.0 * gpu.cc_major + gpu.cc_minor);
+  // A non-finite input (an intensity over zero bytes) is a missing value, as in training.
+  for (double& v : out) {
+    if (!std::isfinite(v)) v = std::numeric_limits<double>::quiet_NaN();
+  }
   return out;
 }
 

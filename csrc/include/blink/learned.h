@@ -21,7 +21,8 @@ namespace blink {
 // All names a unit model may take as an input, in a fixed order.
 const std::vector<std::string>& unit_model_input_names();
 
-// The values of those inputs for one unit (same order as unit_model_input_names()).
+// The values of those inputs for one unit (same order as unit_model_input_names()); a
+// non-finite value is NaN, XGBoost's missing value.
 std::vector<double> unit_model_inputs(const UnitFeatures& f, double analytic_s, const GpuSpec& gpu);
 
 // The unit kind named `name` (unit_kind_name's inverse); false when no kind has that name.
