@@ -205,6 +205,9 @@ def test_python_input_row_equals_the_core_vector(traces):
         assert list(py) == core["names"]
         np.testing.assert_array_equal(np.array(list(py.values())), row)
     assert core["rows"].shape == (len(core["op"]), len(core["names"]))
+    # a non-finite feature is a missing value on both sides
+    row = learned.input_row({**feats[0], "arithmetic_intensity": math.inf}, GPU)
+    assert math.isnan(row["arithmetic_intensity"])
     assert core["rows"][:, core["names"].index("gpu_cc")].tolist() == [80.0] * len(core["op"])
 
 
