@@ -365,7 +365,7 @@ inline float leaf_value(const Forest& f, int32_t i, const double* row) {
 
 // kLanes rows down one tree in lockstep: independent load chains the CPU overlaps.
 constexpr size_t kLanes = 8;
-inline void leaf_values(const Forest& f, int32_t root, const double* const* rows, double* acc) {
+inline void leaf_values(const Forest& f, int32_t root, const double* const* rows, float* acc) {
   const Forest::Node* nodes = f.nodes.data();
   int32_t idx[kLanes];
   for (size_t k = 0; k < kLanes; ++k) idx[k] = root;
@@ -395,7 +395,8 @@ double apply_link(ForestLink link, double m) {
 }  // namespace
 
 double Forest::margin(const double* row) const {
-  double sum = base_margin;
+  // float32 sums in tree order, as XGBoost accumulates its predictions: bit-identical margins.
+  float sum = static_cast<float>(base_margin);
   for (int32_t root : roots) sum += leaf_value(*this, root, row);
   return sum;
 }
@@ -413,8 +414,8 @@ void Forest::predict_batch(const double* x, size_t rows, size_t cols, bool outpu
   constexpr size_t kBlock = 64;
   for (size_t r0 = 0; r0 < rows; r0 += kBlock) {
     const size_t nb = std::min(kBlock, rows - r0);
-    double acc[kBlock];
-    for (size_t b = 0; b < nb; ++b) acc[b] = base_margin;
+    float acc[kBlock];  // float32, as margin()
+    for (size_t b = 0; b < nb; ++b) acc[b] = static_cast<float>(base_margin);
     const double* lanes[kBlock];
     for (size_t b = 0; b < nb; ++b) lanes[b] = x + (r0 + b) * cols;
     const size_t full = nb - nb % kLanes;

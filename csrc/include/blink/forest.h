@@ -8,8 +8,9 @@
 // - an internal node sends x to the left child iff x < split_condition, a missing value (NaN)
 //   to its default_left direction;
 // - a leaf's value is its split_condition entry (learning rate already applied);
-// - the margin is base_margin + the sum of one leaf per tree, where base_margin is base_score
-//   (stored in output space) mapped through the objective's link (identity, logit or log).
+// - the margin is base_margin + the sum of one leaf per tree, added in tree order in float32
+//   (so margins equal XGBoost's bit for bit), where base_margin is base_score (stored in
+//   output space) mapped through the objective's link (identity, logit or log).
 //
 // Supported: gbtree boosters of one output (num_class <= 1, num_target == 1, scalar leaves),
 // numerical splits only, with the regression / binary objectives whose link is listed in
