@@ -92,7 +92,7 @@ def _cmd_predict(a: argparse.Namespace) -> int:
 
     p = predict(a.model, **_run_kwargs(a),
                 expandable_segments=True if a.expandable_segments else None,
-                compiled=a.compiled, host_time=a.host_time)
+                compiled=a.compiled, host_time=a.host_time, predictor=a.predictor)
     if a.chrome_trace:
         p.to_chrome_trace(a.chrome_trace)
         print(f"timeline written to {a.chrome_trace} (open in ui.perfetto.dev)", file=sys.stderr)
@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-time", choices=("measured", "wall", "table"), default="measured",
                    help="host time per op: measured on this CPU during the dry run (CPU time, "
                         "default), the same on the wall clock, or the deterministic table")
+    p.add_argument("--predictor", choices=["auto", "analytic"], default="auto",
+                   help="auto: trained models in models/ (or $BLINK_MODELS_DIR) where they cover "
+                        "a unit, else analytic; analytic: ignore trained models")
     p.set_defaults(func=_cmd_predict)
     from .collect.cli import add_collect_parser
 

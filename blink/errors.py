@@ -59,3 +59,9 @@ class MissingMetaKernelError(TraceError):
 class DatasetError(BlinkError, ValueError):
     """A collected dataset (blink collect's output) that is missing, truncated, corrupted or of
     another schema version; the message names the file, and the line or column when known."""
+
+
+class ArtifactError(BlinkError, ValueError):
+    """A shipped predictor artifact under models/ (card.json, a forest, the conformal table, the
+    GNN) that is missing, corrupt, of another format or feature-schema version, or inconsistent
+    with its card; the message names the file and what to do."""

@@ -2,8 +2,11 @@
 
 The trace's units are costed in C++ (csrc/core/cost_model.cpp): analytic per-kernel times on
 the eager CPU/GPU timeline, and a replay of the storage events through the CUDA caching-allocator
-simulator. No trained model ships yet, so every unit's number comes from the analytic model and
-the interval is not calibrated (see Prediction.interval_method).
+simulator. Where models/card.json (blink.learned) has a forest for a unit's kind, the C++ core
+evaluates it and the unit's time becomes analytic * exp(p) (UnitRow.source "trees"); the timeline
+is re-run with the corrected times. With models/conformal.json the interval is split-conformal;
+without trained models every number is analytic and the interval is the uncalibrated band below
+(Prediction.interval_method says which).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from math import exp
 from typing import Any, NamedTuple
 
 import torch
@@ -22,6 +26,7 @@ from .dryrun import trace_model
 from .errors import BlinkError, ConfigError
 from .hardware import GPUSpec, get_gpu
 from .hosttime import HOST_TIME_MODES, autocast_overhead_s, tracer_overhead
+from .learned import conformal_interval, load_models, models_dir, unit_quantile
 from .trace import PHASES, RESIDENT_ROLES, Trace, _fmt_bytes
 
 FORMAT_VERSION = 1
@@ -60,8 +65,11 @@ class UnitRow:
     bytes: float
     kernels: int
     math_mode: str
-    source: str  # which model produced time_ms: "analytic" (or "none" when it failed)
+    source: str  # which model produced time_ms: "trees", "analytic" (or "none" when it failed)
     error: str = ""
+    analytic_ms: float | None = None  # the analytic time, before any learned correction
+    lower_ms: float | None = None     # per-unit conformal interval (trees units with a table)
+    upper_ms: float | None = None
 
 
 @dataclass
@@ -91,6 +99,9 @@ class Prediction:
     gpu_memory_bytes: int = 0
     fits: bool = True
     notes: list[str] = field(default_factory=list)
+    # "trees" where forests covered units, "+gnn" / "gnn" where the GNN corrected time_ms,
+    # else "analytic"
+    predictor: str = "analytic"
     # The memory the run may use, CUDA context included (default: the GPU's); the allocator is
     # replayed against it less the context, so `fits` means the real run would not OOM.
     memory_budget_bytes: int = 0
@@ -342,6 +353,9 @@ class Prediction:
         return doc
 
 
+PREDICTORS = ("auto", "analytic")
+
+
 def _budget_text(budget: int, gpu_memory: int) -> str:
     return "" if not budget or budget == gpu_memory else f" (budget {_fmt_bytes(budget)})"
 
@@ -483,7 +497,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                   allow_tf32_cudnn: bool | None = None,
                   cudnn_benchmark: bool | None = None,
                   host_time: str = "measured",
-                  memory_budget: int | None = None, compiled: bool = False) -> Prediction:
+                  memory_budget: int | None = None, compiled: bool = False,
+                  predictor: str = "auto") -> Prediction:
     """Cost an existing trace on `gpu`. TF32 and cuDNN-benchmark flags default to torch's
     current settings (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
     torch.backends.cudnn.benchmark). memory_budget: bytes the run may use on the device, CUDA
@@ -500,7 +515,13 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     call, deterministic and CPU-independent. A trace without timestamps (format 2) always
     uses the table. A trace recorded cold (a model's first call in the process) carries
     one-off Python costs in its gaps; trace_model(warmup=True), as blink.predict does,
-    records a warm one."""
+    records a warm one.
+
+    predictor="auto" uses the trained artifacts of blink.learned.models_dir() where they cover a
+    unit's kind (analytic elsewhere, and everywhere when there are none); "analytic" ignores them.
+    """
+    if predictor not in PREDICTORS:
+        raise ConfigError(f"predictor {predictor!r} is not one of {', '.join(PREDICTORS)}")
     if host_time not in HOST_TIME_MODES:
         raise ConfigError(f"host_time must be one of {', '.join(HOST_TIME_MODES)}, "
                           f"not {host_time!r}")
@@ -518,7 +539,17 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     notes: list[str] = []
     if traced_for and traced_for != spec.name:
         notes.append(f"traced for {traced_for}; SDPA kernel choice is that GPU's")
+    models = None
+    if predictor == "auto":
+        models = load_models()  # ArtifactError for a corrupt or incompatible models/
+        if models is None:
+            notes.append(f"no trained models ({models_dir()}/card.json not found): every unit "
+                         "time is analytic")
+        elif not models.forests:
+            notes.append(f"{models_dir()}/card.json has no forests: every unit time is analytic")
     native = t.native()
+    unit_models = models.unit_models if models is not None and models.forests else None
+    gnn = models.gnn if models is not None else None
     used = host_time if t.has_timestamps else "table"
     if used != host_time:
         notes.append("the trace has no timestamps (format 2): host time from the table")
@@ -528,7 +559,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         amp_s = autocast_overhead_s(dtype) if dtype in ("amp-bf16", "amp-fp16") else 0.0
         cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, used,
                            cal.tracer_gap_overhead_s, cal.module_hook_s, amp_s,
-                           cudnn_benchmark=cudnn_benchmark)
+                           cudnn_benchmark=cudnn_benchmark, models=unit_models, gnn=gnn)
         clock = "CPU time" if used == "measured" else "wall clock"
         notes.append(f"host time measured on this CPU during the dry run ({clock}; less "
                      f"{cal.tracer_gap_overhead_s * 1e6:.1f} us tracer overhead per op, "
@@ -537,18 +568,37 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                         "mode)" if amp_s else ")"))
     else:
         cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, "table",
-                           cudnn_benchmark=cudnn_benchmark)
+                           cudnn_benchmark=cudnn_benchmark, models=unit_models, gnn=gnn)
     workspace = cublas_workspace_bytes(spec)
 
     units = []
     failed = 0
+    by_trees: dict[str, int] = {}
     for (op_id, kind, time_s, roof_s, flops, br, bw, kernels, _matched, math, err,
-         (name, module, phase)) in cost["units"]:
+         (name, module, phase), source, analytic_s, _log_ratio) in cost["units"]:
         if err:
             failed += 1
+        lo = hi = None
+        if source == "trees":
+            by_trees[kind] = by_trees.get(kind, 0) + 1
+            q = unit_quantile(models, kind) if models is not None else None
+            if q is not None:
+                lo, hi = time_s * 1e3 * exp(-q), time_s * 1e3 * exp(q)
         units.append(UnitRow(op_id, name, module, PHASES[phase], kind, time_s * 1e3,
-                             roof_s * 1e3, flops, br + bw, int(kernels), math,
-                             "none" if err else "analytic", err))
+                             roof_s * 1e3, flops, br + bw, int(kernels), math, source, err,
+                             analytic_s * 1e3, lo, hi))
+    if by_trees and models is not None:
+        covered = ", ".join(f"{k} {n}" for k, n in sorted(by_trees.items()))
+        notes.append(f"unit times from {models.describe()}: {covered} units; the rest analytic")
+        unseen = sorted(k for k in by_trees if models.forests[k].gpus
+                        and spec.name not in models.forests[k].gpus)
+        if unseen:
+            notes.append(f"{spec.name} is not among the GPUs the {', '.join(unseen)} trees were "
+                         "trained on (they extrapolate through the GPU's specs)")
+    gnn_c = cost["gnn_log_correction"]
+    if gnn_c == gnn_c and models is not None:  # not NaN: a GNN corrected end_to_end_s
+        notes.append(f"end-to-end time x{exp(gnn_c):.4f} from the GNN ({models.gnn_path}); the "
+                     "timeline shows the per-unit schedule before that correction")
     if failed:
         notes.append(f"{failed} units could not be costed (see units[].error); counted as 0")
     timeline = []
@@ -577,6 +627,12 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                              expandable_segments=bool(expandable_segments),
                              workspace_bytes=workspace, external_roles=_resident_roles(t),
                              max_curve_points=CURVE_POINTS, skip_storages=skip)
+    lower_ms = min(lower_s * 1e3, time_ms)
+    upper_ms = time_ms * _UPPER_FACTOR
+    interval_method = INTERVAL_METHOD
+    conf = conformal_interval(models, time_ms) if models is not None else None
+    if conf is not None:
+        lower_ms, upper_ms, interval_method = conf
     smi = mem["peak_reserved_bytes"] + CUDA_CONTEXT_BYTES
     by_cat = {k: int(v) for k, v in mem["peak_by_category"].items()}
     by_cat["allocator_cache"] = int(mem["peak_reserved_bytes"] - mem["peak_allocated_bytes"])
@@ -590,7 +646,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         model=str(t.meta.get("model", "?")), gpu=spec.name, mode=str(t.meta.get("mode", "?")),
         dtype=str(t.meta.get("dtype", "?")), batch_size=t.meta.get("batch_size"),
         seq_len=t.meta.get("seq_len"), time_ms=time_ms,
-        lower_ms=min(lower_s * 1e3, time_ms), upper_ms=time_ms * _UPPER_FACTOR,
+        lower_ms=lower_ms, upper_ms=upper_ms, interval_method=interval_method,
         host_ms=host_s * 1e3, gpu_busy_ms=gpu_busy_s * 1e3,
         peak_allocated_bytes=int(mem["peak_allocated_bytes"]),
         peak_reserved_bytes=int(mem["peak_reserved_bytes"]), nvidia_smi_bytes=int(smi),
@@ -604,6 +660,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         flops=float(sum(u.flops for u in units)), peak_flops=peak, peak_flops_kind=peak_kind,
         memory_by_category={k: by_cat.get(k, 0) for k in MEMORY_CATEGORIES},
         memory_curve=_memory_curve(mem["curve"], timeline), compiled=compiled,
+        predictor="+".join((["trees"] if by_trees else [])
+                           + (["gnn"] if gnn_c == gnn_c else [])) or "analytic",
     )
 
 
@@ -625,6 +683,7 @@ def predict(
     host_time: str = "measured",
     memory_budget: int | None = None,
     compiled: bool = False,
+    predictor: str = "auto",
 ) -> Prediction:
     """Predict time and memory of `model` on `gpu` without running it there.
 
@@ -636,7 +695,11 @@ def predict(
     memory_budget: bytes the run may use on the GPU, CUDA context included (default: all of
     it); `fits` says whether the allocator replay stays within it without an out-of-memory.
     compiled=True predicts the model under torch.compile (Inductor's fused kernels).
+    predictor="auto" uses the trained artifacts in models/ where they cover a unit;
+    "analytic" forces the analytic model (see predict_trace).
     """
+    if predictor not in PREDICTORS:
+        raise ConfigError(f"predictor {predictor!r} is not one of {', '.join(PREDICTORS)}")
     if host_time not in HOST_TIME_MODES:
         raise ConfigError(f"host_time must be one of {', '.join(HOST_TIME_MODES)}, "
                           f"not {host_time!r}")
@@ -647,4 +710,5 @@ def predict(
                     gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step,
                     warmup=host_time != "table")
     return predict_trace(t, spec.name, expandable_segments=expandable_segments,
-                         host_time=host_time, memory_budget=memory_budget, compiled=compiled)
+                         host_time=host_time, memory_budget=memory_budget, compiled=compiled,
+                         predictor=predictor)

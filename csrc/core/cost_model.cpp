@@ -271,7 +271,8 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& spe
       out.issues.push_back(issue);
     }
     if (unit_of[i] >= 0 && issue_of[i] >= 0) {
-      const UnitCost& u = out.units[static_cast<size_t>(unit_of[i])];
+      UnitCost& u = out.units[static_cast<size_t>(unit_of[i])];
+      u.issue = issue_of[i];
       IssueCost& issue = out.issues[static_cast<size_t>(issue_of[i])];
       issue.gpu_s += u.time_s;
       issue.roofline_s += u.roofline_s;

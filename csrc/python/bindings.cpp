@@ -1,10 +1,13 @@
 // The one binding file: exposes the tracer and the torch-free core to Python as blink._C.
 #include <torch/extension.h>
 #include <torch/version.h>
+#include <pybind11/numpy.h>
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -14,6 +17,9 @@
 #include "blink/error.h"
 #include "blink/features.h"
 #include "blink/kernel_plan.h"
+#include "blink/forest.h"
+#include "blink/gnn.h"
+#include "blink/learned.h"
 #include "blink/roofline.h"
 #include "blink/trace_types.h"
 
@@ -298,13 +304,24 @@ py::dict features_to_python(const UnitFeatures& f, const GpuSpec& g) {
   return d;
 }
 
-py::dict cost_to_python(const TraceData& t, const TraceCost& c) {
+// Units: (op, kind, time_s, roofline_s, flops, bytes_read, bytes_written, kernels, matched,
+// math_mode, error, (name, module, phase), source, analytic_s, log_ratio). source is "trees"
+// where a unit model set time_s, else "analytic" ("none" when features failed); log_ratio is
+// the applied log(time / analytic), NaN for analytic units.
+py::dict cost_to_python(const TraceData& t, const TraceCost& c,
+                        const LearnedResult* lr = nullptr) {
   py::list units;
-  for (const UnitCost& u : c.units) {
+  const double nan = std::nan("");
+  for (size_t i = 0; i < c.units.size(); ++i) {
+    const UnitCost& u = c.units[i];
     const UnitFeatures& f = u.features;
+    const double q = lr != nullptr ? lr->log_ratio[i] : nan;
+    const char* source = !u.error.empty() ? "none" : (std::isnan(q) ? "analytic" : "trees");
+    const double analytic = lr != nullptr ? lr->analytic_s[i] : u.time_s;
     units.append(py::make_tuple(u.op, unit_kind_name(f.kind), u.time_s, u.roofline_s, f.flops,
                                 f.bytes_read, f.bytes_written, f.kernels, f.matched,
-                                math_mode_name(f.math_mode), u.error, op_label(t, u.op)));
+                                math_mode_name(f.math_mode), u.error, op_label(t, u.op), source,
+                                analytic, q));
   }
   py::list issues;
   for (size_t i = 0; i < c.issues.size(); ++i) {
@@ -322,6 +339,71 @@ py::dict cost_to_python(const TraceData& t, const TraceCost& c) {
   d["host_s"] = c.host_s;
   d["gpu_busy_s"] = c.gpu_busy_s;
   return d;
+}
+
+// A 2-D float64 array (rows x cols) from a numpy array or a list of lists of numbers.
+py::array_t<double, py::array::c_style | py::array::forcecast> matrix_from_python(
+    const py::object& x, const std::string& what) {
+  auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(x);
+  if (!a) {
+    PyErr_Clear();
+    throw Error(what + ": expected a 2-D array of numbers (rows x features): a float64 numpy "
+                "array or a list of equal-length lists of numbers");
+  }
+  if (a.ndim() != 2) {
+    throw Error(what + ": expected a 2-D array (rows x features), got " +
+                std::to_string(a.ndim()) + " dimension(s)");
+  }
+  return a;
+}
+
+py::dict graph_to_python(const TraceCost& c, const UnitGraph& g) {
+  const size_t nf = gnn_node_feature_names().size();
+  py::array_t<double> x({static_cast<size_t>(g.num_nodes), nf});
+  if (!g.x.empty()) std::memcpy(x.mutable_data(), g.x.data(), g.x.size() * sizeof(double));
+  py::array_t<int64_t> edges({g.src.size(), size_t{2}});
+  auto e = edges.mutable_unchecked<2>();
+  for (size_t i = 0; i < g.src.size(); ++i) {
+    e(i, 0) = g.src[i];
+    e(i, 1) = g.dst[i];
+  }
+  std::vector<int64_t> ops;
+  for (const UnitCost& u : c.units) ops.push_back(u.op);
+  py::dict d;
+  d["x"] = x;
+  d["edges"] = edges;
+  d["g"] = py::cast(g.g);
+  d["op"] = py::cast(ops);
+  d["node_features"] = py::cast(gnn_node_feature_names());
+  d["graph_features"] = py::cast(gnn_graph_feature_names());
+  return d;
+}
+
+// The inverse of graph_to_python (x, edges, g), checked.
+UnitGraph graph_from_python(const py::dict& d) {
+  UnitGraph g;
+  auto x = matrix_from_python(d["x"], "unit graph x");
+  BLINK_CHECK(static_cast<size_t>(x.shape(1)) == gnn_node_feature_names().size(),
+              "unit graph x has " + std::to_string(x.shape(1)) + " columns, expected " +
+                  std::to_string(gnn_node_feature_names().size()));
+  g.num_nodes = x.shape(0);
+  g.x.assign(x.data(), x.data() + x.size());
+  auto e = matrix_from_python(d["edges"], "unit graph edges");
+  BLINK_CHECK(e.shape(1) == 2 || e.shape(0) == 0, "unit graph edges must be E x 2");
+  for (py::ssize_t i = 0; i < e.shape(0); ++i) {
+    const double s = e.at(i, 0), t = e.at(i, 1);
+    BLINK_CHECK(s >= 0 && t >= 0 && s < g.num_nodes && t < g.num_nodes && s == std::floor(s) &&
+                    t == std::floor(t),
+                "unit graph edge " + std::to_string(i) + " names a node outside 0.." +
+                    std::to_string(g.num_nodes - 1));
+    g.src.push_back(static_cast<int64_t>(s));
+    g.dst.push_back(static_cast<int64_t>(t));
+  }
+  g.g = d["g"].cast<std::vector<double>>();
+  BLINK_CHECK(g.g.size() == gnn_graph_feature_names().size(),
+              "unit graph g has " + std::to_string(g.g.size()) + " entries, expected " +
+                  std::to_string(gnn_graph_feature_names().size()));
+  return g;
 }
 
 AllocSimOptions sim_options(bool expandable_segments, int64_t capacity_bytes) {
@@ -370,7 +452,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "cost",
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
              const std::string& host_time, double tracer_gap_overhead_s, double module_hook_s,
-             double forward_mode_overhead_s, bool cudnn_benchmark) {
+             double forward_mode_overhead_s, bool cudnn_benchmark,
+             std::shared_ptr<const UnitModels> models, std::shared_ptr<const Gnn> gnn) {
             FeatureOptions o;
             o.allow_tf32_matmul = allow_tf32_matmul;
             o.allow_tf32_cudnn = allow_tf32_cudnn;
@@ -389,16 +472,89 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             h.module_hook_s = module_hook_s;
             h.forward_mode_overhead_s = forward_mode_overhead_s;
             TraceCost c;
+            LearnedResult lr;
+            double correction = std::nan("");
+            double uncorrected = 0.0;
             {
               py::gil_scoped_release release;
               c = cost_trace(d, meta_device(), g, o, h);
+              if (models) lr = apply_unit_models(c, *models, g);
+              uncorrected = c.end_to_end_s;
+              if (gnn) {
+                correction = gnn->forward(build_unit_graph(d, c, models ? &lr : nullptr, g));
+                c.end_to_end_s *= std::exp(correction);
+              }
             }
-            return cost_to_python(d, c);
+            py::dict out = cost_to_python(d, c, models ? &lr : nullptr);
+            out["gnn_log_correction"] = correction;
+            out["timeline_end_to_end_s"] = uncorrected;
+            return out;
           },
           py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
           py::arg("host_time") = "table", py::arg("tracer_gap_overhead_s") = 0.0,
           py::arg("module_hook_s") = 0.0, py::arg("forward_mode_overhead_s") = 0.0,
-          py::arg("cudnn_benchmark") = false)
+          py::arg("cudnn_benchmark") = false, py::arg("models") = nullptr,
+          py::arg("gnn") = nullptr,
+          "Cost the trace on `gpu` (host time from the table or the trace's measured gaps); with "
+          "`models` (a UnitModels), covered units take the forests' times and the timeline is "
+          "re-run with them; with `gnn` (a Gnn), end_to_end_s is the timeline's times "
+          "exp(gnn_log_correction).")
+      .def(
+          "unit_graph",
+          [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
+             std::shared_ptr<const UnitModels> models) {
+            FeatureOptions o;
+            o.allow_tf32_matmul = allow_tf32_matmul;
+            o.allow_tf32_cudnn = allow_tf32_cudnn;
+            TraceCost c;
+            LearnedResult lr;
+            UnitGraph graph;
+            {
+              py::gil_scoped_release release;
+              c = cost_trace(d, meta_device(), g, o);
+              if (models) lr = apply_unit_models(c, *models, g);
+              graph = build_unit_graph(d, c, models ? &lr : nullptr, g);
+            }
+            return graph_to_python(c, graph);
+          },
+          py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
+          py::arg("models") = nullptr,
+          "The GNN's input: {x: units x node_features, edges: E x 2 (producer, consumer), "
+          "g: graph features, op: unit op ids, node_features, graph_features}.")
+      .def(
+          "unit_model_inputs",
+          [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn) {
+            FeatureOptions o;
+            o.allow_tf32_matmul = allow_tf32_matmul;
+            o.allow_tf32_cudnn = allow_tf32_cudnn;
+            TraceCost c;
+            {
+              py::gil_scoped_release release;
+              c = cost_trace(d, meta_device(), g, o);
+            }
+            const size_t cols = unit_model_input_names().size();
+            py::array_t<double> rows({c.units.size(), cols});
+            auto r = rows.mutable_unchecked<2>();
+            std::vector<int64_t> ops;
+            std::vector<std::string> kinds;
+            for (size_t i = 0; i < c.units.size(); ++i) {
+              const UnitCost& u = c.units[i];
+              ops.push_back(u.op);
+              kinds.emplace_back(unit_kind_name(u.features.kind));
+              const std::vector<double> v = unit_model_inputs(u.features, u.time_s, g);
+              for (size_t j = 0; j < cols; ++j) r(i, j) = u.error.empty() ? v[j] : std::nan("");
+            }
+            py::dict out;
+            out["op"] = py::cast(ops);
+            out["kind"] = py::cast(kinds);
+            out["names"] = py::cast(unit_model_input_names());
+            out["rows"] = rows;
+            return out;
+          },
+          py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
+          "Every unit's unit-model input row (the exact vector predict feeds the forests): "
+          "{op: [ids], kind: [names], names: [input names], rows: float64 array units x names}; "
+          "rows of units whose features failed are NaN.")
       .def(
           "unit_features",
           // The feature rows of the units exactly as cost() costs them (trace-level features
@@ -504,6 +660,93 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true)
       .def("units", [](const TraceData& d) { return cut_units(d, meta_device()); });
   m.def("trace_from_python", &trace_from_python, py::arg("raw"));
+
+  // ---- learned predictors: XGBoost JSON forests evaluated in the core ----
+  py::class_<Forest, std::shared_ptr<Forest>>(m, "Forest")
+      .def_readonly("source", &Forest::source)
+      .def_readonly("objective", &Forest::objective)
+      .def_readonly("num_features", &Forest::num_features)
+      .def_readonly("base_score", &Forest::base_score)
+      .def_readonly("base_margin", &Forest::base_margin)
+      .def_readonly("feature_names", &Forest::feature_names)
+      .def_property_readonly("version", [](const Forest& f) {
+        return py::make_tuple(f.version[0], f.version[1], f.version[2]);
+      })
+      .def_property_readonly("num_trees", &Forest::num_trees)
+      .def_property_readonly("num_nodes", &Forest::num_nodes)
+      .def(
+          "predict",
+          [](const Forest& f, const py::object& x, bool output_margin) {
+            auto a = matrix_from_python(x, f.source + ": Forest.predict");
+            const size_t rows = static_cast<size_t>(a.shape(0)), cols = static_cast<size_t>(a.shape(1));
+            std::vector<double> out(rows);
+            {
+              py::gil_scoped_release release;
+              f.predict_batch(a.data(), rows, cols, output_margin, out.data());
+            }
+            return out;
+          },
+          py::arg("x"), py::arg("output_margin") = false,
+          "Predictions for the rows of x (2-D, NaN = missing) as a list of floats: the raw margin "
+          "with output_margin=True, else through the objective's link (as xgboost's predict).");
+  m.def("load_forest", [](const std::string& path) { return std::make_shared<Forest>(load_forest(path)); },
+        py::arg("path"), "Read an XGBoost JSON model (Booster.save_model('m.json')).");
+  m.def("parse_forest",
+        [](const std::string& text, const std::string& source) {
+          return std::make_shared<Forest>(parse_forest(text, source));
+        },
+        py::arg("text"), py::arg("source") = "<string>", "Parse an XGBoost JSON model's text.");
+  py::class_<UnitModels, std::shared_ptr<UnitModels>>(m, "UnitModels")
+      .def(py::init<>())
+      .def("add", &UnitModels::add, py::arg("kind"), py::arg("forest"), py::arg("features"),
+           py::arg("clip_lo") = -4.0, py::arg("clip_hi") = 4.0)
+      .def("kinds", &UnitModels::kinds);
+  py::class_<Gnn, std::shared_ptr<Gnn>>(m, "Gnn")
+      .def_readonly("source", &Gnn::source)
+      .def_readonly("hidden", &Gnn::hidden)
+      .def_property_readonly("layers", [](const Gnn& g) { return g.layers.size(); })
+      .def_property_readonly("clip", [](const Gnn& g) { return py::make_tuple(g.clip_lo, g.clip_hi); })
+      .def(
+          "forward",
+          [](const Gnn& g, const py::dict& graph) {
+            UnitGraph ug = graph_from_python(graph);
+            py::gil_scoped_release release;
+            return g.forward(ug);
+          },
+          py::arg("graph"), "The clipped log correction for a unit graph {x, edges, g}.");
+  m.def("load_gnn", [](const std::string& path) { return std::make_shared<Gnn>(load_gnn(path)); },
+        py::arg("path"), "Read GNN weights (safetensors written by blink.gnn.save).");
+  m.def("parse_gnn",
+        [](const py::bytes& data, const std::string& source) {
+          return std::make_shared<Gnn>(parse_gnn(std::string(data), source));
+        },
+        py::arg("data"), py::arg("source") = "<bytes>");
+  m.def("gnn_node_feature_names", []() { return gnn_node_feature_names(); });
+  m.def("gnn_graph_feature_names", []() { return gnn_graph_feature_names(); });
+  m.def("unit_model_input_names", []() { return unit_model_input_names(); },
+        "Names a unit model may take as inputs (feature_values keys, analytic_time_s, gpu_*).");
+  m.def("gpu_model_inputs", [](const GpuSpec& g) {
+    // The gpu_* tail of unit_model_inputs, by name.
+    const std::vector<std::string>& names = unit_model_input_names();
+    const std::vector<double> v = unit_model_inputs(UnitFeatures{}, 0.0, g);
+    py::dict d;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i].rfind("gpu_", 0) == 0) d[py::str(names[i])] = v[i];
+    }
+    return d;
+  }, py::arg("gpu"));
+  m.def("unit_kind_names", []() {
+    std::vector<std::string> out;
+    for (int k = 0; k <= static_cast<int>(UnitKind::kOther); ++k)
+      out.emplace_back(unit_kind_name(static_cast<UnitKind>(k)));
+    return out;
+  }, "Unit kind names in code order (the numeric 'kind' feature is the index).");
+  m.def("math_mode_names", []() {
+    std::vector<std::string> out;
+    for (int k = 0; k <= static_cast<int>(MathMode::kOther); ++k)
+      out.emplace_back(math_mode_name(static_cast<MathMode>(k)));
+    return out;
+  }, "Math mode names in code order (the numeric 'math_mode' feature is the index).");
   m.def("unit_rule_ops", []() { return unit_rule_ops(); },
         "Op names the cut counts as units besides those with their own CUDA kernel.");
   m.def("host_dispatch_time_s", &host_dispatch_time_s, py::arg("op_name"));

@@ -21,6 +21,7 @@ struct UnitCost {
   double time_s = 0.0;       // analytic GPU time
   double roofline_s = 0.0;   // pure roofline (no efficiency model), a lower bound
   std::string error;         // non-empty: features failed (the unit is costed 0 and reported)
+  int64_t issue = -1;        // index into TraceCost::issues of the issue that launches it
 };
 
 // One entry of the host timeline: an op called by user code or by an autograd node.

@@ -1,0 +1,329 @@
+"""The shipped predictor artifacts (models/): the card, the per-unit forests, the conformal table.
+
+`blink train` writes models/card.json and the files it names; `blink.predict` reads them
+through `load_models()`. Forests are XGBoost's native JSON evaluated by the C++ core
+(blink._C.Forest); nothing here imports xgboost, and nothing is unpickled.
+
+The input vector of a unit model is built by name (card.json lists each forest's features in
+order): the numeric unit features of the C++ core (`blink._C.features_for`'s keys), then
+`analytic_time_s`, then the GPU fields `gpu_*`. `input_names()` lists them all; training builds
+its rows with `input_row()` (one features dict) or `Trace`-wide with `trace_input_rows()`, the
+exact vectors predict feeds the forests.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._ext import load
+from .errors import ArtifactError
+
+_C = load()
+
+CARD_FORMAT_VERSION = 1     # models/card.json layout this reader knows
+FEATURE_SCHEMA_VERSION = 1  # the unit-model input names (input_names()) this build computes
+CONFORMAL_FORMAT_VERSION = 1
+CARD_NAME = "card.json"
+_MAX_JSON_BYTES = 64 << 20  # a card or conformal table is small; refuse anything huge
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def models_dir() -> Path:
+    """Where predictor artifacts live: $BLINK_MODELS_DIR, else <repo>/models."""
+    env = os.environ.get("BLINK_MODELS_DIR")
+    return Path(env) if env else _REPO / "models"
+
+
+def input_names() -> list[str]:
+    """Every name a unit model may take as an input, in the C++ core's order."""
+    return list(_C.unit_model_input_names())
+
+
+_KIND_CODES = {name: i for i, name in enumerate(_C.unit_kind_names())}
+_MATH_CODES = {name: i for i, name in enumerate(_C.math_mode_names())}
+
+
+def input_row(features: dict[str, Any], gpu: Any) -> dict[str, float]:
+    """The unit-model inputs of one unit by name, from a `blink._C.features_for` /
+    `blink.cost.unit_features` dict (which must carry `analytic_time_s`) and the target GPU
+    (a hardware-table name or GPUSpec). Same values as the C++ core's vector: enums as their
+    codes, bools as 0/1, a non-finite value as NaN (missing)."""
+    from .cost import core_gpu_spec
+
+    row: dict[str, float] = {}
+    gpu_fields = _C.gpu_model_inputs(core_gpu_spec(gpu))
+    for name in input_names():
+        if name in gpu_fields:
+            row[name] = float(gpu_fields[name])
+            continue
+        if name not in features:
+            raise ArtifactError(f"input_row: the features dict has no {name!r} (pass the dict "
+                                "blink._C.features_for returns)")
+        v = features[name]
+        if name == "kind" and isinstance(v, str):
+            v = _KIND_CODES[v]
+        elif name == "math_mode" and isinstance(v, str):
+            v = _MATH_CODES[v]
+        x = float(v)
+        row[name] = x if math.isfinite(x) else math.nan  # missing, as the core's vector
+    return row
+
+
+def trace_input_rows(t: Any, gpu: Any, *, allow_tf32_matmul: bool = False,
+                     allow_tf32_cudnn: bool = True) -> dict[str, Any]:
+    """Every unit's input row of a Trace, computed in C++ exactly as predict does:
+    {"op": [op ids], "kind": [kind names], "names": input_names(), "rows": float64 array
+    (units x names); NaN rows for units whose features failed}."""
+    from .cost import core_gpu_spec
+
+    return t.native().unit_model_inputs(core_gpu_spec(gpu), allow_tf32_matmul, allow_tf32_cudnn)
+
+
+@dataclass(frozen=True)
+class ForestEntry:
+    kind: str
+    path: Path
+    features: list[str]
+    clip: tuple[float, float]
+    gpus: list[str]
+    forest: Any  # blink._C.Forest
+
+
+@dataclass
+class LearnedModels:
+    """The artifacts of one models/ directory, validated and loaded."""
+
+    directory: Path
+    card: dict[str, Any]
+    forests: dict[str, ForestEntry]
+    unit_models: Any  # blink._C.UnitModels over `forests`
+    conformal: dict[str, Any] | None = None
+    conformal_path: Path | None = None
+    gnn_path: Path | None = None
+    gnn: Any = None  # blink._C.Gnn when gnn_path is set
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        kinds = ", ".join(sorted(self.forests)) or "none"
+        return f"trees for {kinds} ({self.directory / CARD_NAME})"
+
+
+def _fail(path: Path, why: str) -> ArtifactError:
+    return ArtifactError(f"{path}: {why}. Retrain with `blink train`, or set BLINK_MODELS_DIR "
+                         "to a directory of compatible artifacts (predict(..., "
+                         "predictor='analytic') skips them).")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise _fail(path, f"cannot read the file ({exc.strerror})") from exc
+    if size > _MAX_JSON_BYTES:
+        raise _fail(path, f"{size} bytes is larger than the {_MAX_JSON_BYTES}-byte limit")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(path, f"cannot read the file ({exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise _fail(path, f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg} "
+                          "(truncated or corrupt?)") from exc
+
+
+def _artifact_path(directory: Path, card: Path, name: Any, what: str) -> Path:
+    """A file the card names: a relative path inside the models directory, which must exist."""
+    if not isinstance(name, str) or not name:
+        raise _fail(card, f"{what}: 'file' must be a non-empty string")
+    p = Path(name)
+    if p.is_absolute() or ".." in p.parts:
+        raise _fail(card, f"{what}: file {name!r} must be a relative path inside {directory}")
+    full = directory / p
+    if not full.is_file():
+        raise _fail(card, f"{what}: file {name!r} is missing from {directory}")
+    return full
+
+
+def _check_sha256(card: Path, path: Path, want: Any, what: str) -> None:
+    if want is None:
+        return
+    if not isinstance(want, str) or len(want) != 64:
+        raise _fail(card, f"{what}: sha256 must be a 64-digit hex string")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() != want.lower():
+        raise _fail(path, f"sha256 {h.hexdigest()} differs from the card's {want} (the file was "
+                          "changed or corrupted after training)")
+
+
+def _number(card: Path, v: Any, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise _fail(card, f"{what} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _load_conformal(card_path: Path, path: Path) -> dict[str, Any]:
+    doc = _read_json(path)
+    if not isinstance(doc, dict):
+        raise _fail(path, "the conformal table must be a JSON object")
+    if doc.get("format_version") != CONFORMAL_FORMAT_VERSION:
+        raise _fail(path, f"format_version {doc.get('format_version')!r}; this blink reads "
+                          f"version {CONFORMAL_FORMAT_VERSION}")
+    cov = _number(path, doc.get("coverage"), "coverage")
+    if not 0.0 < cov < 1.0:
+        raise _fail(path, f"coverage {cov} is not in (0, 1)")
+    for key in ("method", "calibration"):
+        if not isinstance(doc.get(key), str):
+            raise _fail(path, f"{key!r} must be a string naming the "
+                              f"{'interval method' if key == 'method' else 'calibration data'}")
+    entries: list[tuple[str, Any]] = []
+    if "model" in doc:
+        entries.append(("model", doc["model"]))
+    unit = doc.get("unit", {})
+    if not isinstance(unit, dict):
+        raise _fail(path, "'unit' must be an object of {kind: {q, n}}")
+    entries += [(f"unit.{k}", v) for k, v in unit.items()]
+    for what, e in entries:
+        if not isinstance(e, dict):
+            raise _fail(path, f"{what} must be an object with q and n")
+        q = _number(path, e.get("q"), f"{what}.q")
+        if q < 0:
+            raise _fail(path, f"{what}.q {q} is negative")
+    return doc
+
+
+_CACHE: dict[tuple[str, int, int], LearnedModels] = {}
+
+
+def load_models(directory: str | os.PathLike[str] | None = None) -> LearnedModels | None:
+    """The validated artifacts of `directory` (default models_dir()), or None when it has no
+    card.json. Raises ArtifactError, naming the file, for a card or artifact that is corrupt,
+    of another format / feature-schema version, or inconsistent. Cached per card file."""
+    d = Path(directory) if directory is not None else models_dir()
+    card_path = d / CARD_NAME
+    try:
+        st = card_path.stat()
+    except OSError:
+        return None
+    key = (str(card_path.resolve()), st.st_mtime_ns, st.st_size)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    models = _load_uncached(d, card_path)
+    _CACHE.clear()  # one directory in use at a time; do not grow without bound
+    _CACHE[key] = models
+    return models
+
+
+def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
+    card = _read_json(card_path)
+    if not isinstance(card, dict):
+        raise _fail(card_path, "the card must be a JSON object")
+    fv = card.get("format_version")
+    if fv != CARD_FORMAT_VERSION:
+        raise _fail(card_path, f"format_version {fv!r}; this blink reads card format "
+                               f"{CARD_FORMAT_VERSION}")
+    sv = card.get("feature_schema_version")
+    if sv != FEATURE_SCHEMA_VERSION:
+        raise _fail(card_path, f"feature_schema_version {sv!r}; this blink computes unit "
+                               f"features of schema {FEATURE_SCHEMA_VERSION}")
+    forests_doc = card.get("forests", {})
+    if not isinstance(forests_doc, dict):
+        raise _fail(card_path, "'forests' must be an object {unit kind: entry}")
+    unit_models = _C.UnitModels()
+    forests: dict[str, ForestEntry] = {}
+    for kind, e in sorted(forests_doc.items()):
+        what = f"forests.{kind}"
+        if not isinstance(e, dict):
+            raise _fail(card_path, f"{what} must be an object")
+        if kind not in _KIND_CODES:
+            raise _fail(card_path, f"{what}: {kind!r} is not a unit kind (one of "
+                                   f"{', '.join(_KIND_CODES)})")
+        if e.get("target") != "log_ratio":
+            raise _fail(card_path, f"{what}: target {e.get('target')!r} is not supported (only "
+                                   "'log_ratio': time = analytic_time_s * exp(p))")
+        feats = e.get("features")
+        if not isinstance(feats, list) or not all(isinstance(x, str) for x in feats):
+            raise _fail(card_path, f"{what}: 'features' must be a list of input names")
+        clip = e.get("clip", [-4.0, 4.0])
+        if not isinstance(clip, list) or len(clip) != 2:
+            raise _fail(card_path, f"{what}: 'clip' must be [lo, hi]")
+        lo, hi = (_number(card_path, c, f"{what}.clip") for c in clip)
+        gpus = e.get("gpus", [])
+        if not isinstance(gpus, list):
+            raise _fail(card_path, f"{what}: 'gpus' must be a list of GPU names")
+        path = _artifact_path(d, card_path, e.get("file"), what)
+        _check_sha256(card_path, path, e.get("sha256"), what)
+        try:
+            forest = _C.load_forest(str(path))
+        except _C.Error as exc:  # already names the file and what is wrong
+            raise ArtifactError(f"{exc}. Retrain with `blink train` (predict(..., "
+                                "predictor='analytic') skips the models).") from exc
+        try:
+            unit_models.add(kind, forest, feats, lo, hi)
+        except _C.Error as exc:
+            raise _fail(card_path, f"{what}: {exc}") from exc
+        forests[kind] = ForestEntry(kind, path, list(feats), (lo, hi), [str(g) for g in gpus],
+                                    forest)
+    models = LearnedModels(d, card, forests, unit_models)
+    conf = card.get("conformal")
+    conf_path: Path | None = None
+    if conf is not None:
+        if not isinstance(conf, dict):
+            raise _fail(card_path, "'conformal' must be an object {file, sha256?}")
+        conf_path = _artifact_path(d, card_path, conf.get("file"), "conformal")
+        _check_sha256(card_path, conf_path, conf.get("sha256"), "conformal")
+    elif (d / "conformal.json").is_file():
+        conf_path = d / "conformal.json"
+    if conf_path is not None:
+        models.conformal = _load_conformal(card_path, conf_path)
+        models.conformal_path = conf_path
+    gnn = card.get("gnn")
+    if gnn is not None:
+        if not isinstance(gnn, dict):
+            raise _fail(card_path, "'gnn' must be an object {file, sha256?}")
+        models.gnn_path = _artifact_path(d, card_path, gnn.get("file"), "gnn")
+        _check_sha256(card_path, models.gnn_path, gnn.get("sha256"), "gnn")
+    elif (d / "gnn.safetensors").is_file():
+        models.gnn_path = d / "gnn.safetensors"
+    if models.gnn_path is not None:
+        try:
+            models.gnn = _C.load_gnn(str(models.gnn_path))
+        except _C.Error as exc:  # names the file and what is wrong
+            raise ArtifactError(f"{exc}. Retrain with `blink train` (predict(..., "
+                                "predictor='analytic') skips the models).") from exc
+    return models
+
+
+def conformal_interval(models: LearnedModels, time_ms: float) -> tuple[float, float, str] | None:
+    """(lower_ms, upper_ms, method) of the end-to-end time from the conformal table's model-level
+    quantile, or None without one: time * exp(-q) .. time * exp(q)."""
+    c = models.conformal
+    if c is None or not isinstance(c.get("model"), dict):
+        return None
+    q = float(c["model"]["q"])
+    n = c["model"].get("n")
+    # The table may say which predictor's residuals it was calibrated on (blink train writes
+    # "analytic (blink.predict time_ms)" while no model-level correction is applied here).
+    of = c["model"].get("predictor")
+    method = (f"{c['method']}: {100 * float(c['coverage']):.0f}% nominal coverage"
+              f"{'' if not of else f' for the {of} time'}, calibrated on {c['calibration']}"
+              f"{'' if n is None else f' (n={n})'} [{models.conformal_path}]")
+    return time_ms * math.exp(-q), time_ms * math.exp(q), method
+
+
+def unit_quantile(models: LearnedModels, kind: str) -> float | None:
+    """The conformal table's per-unit quantile q for `kind` (interval t*exp(-q) .. t*exp(q))."""
+    c = models.conformal
+    if c is None:
+        return None
+    e = c.get("unit", {}).get(kind)
+    return None if e is None else float(e["q"])

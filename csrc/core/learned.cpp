@@ -1,0 +1,168 @@
+// Per-unit forests applied to a costed trace (see blink/learned.h).
+#include "blink/learned.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "blink/error.h"
+#include "blink/timeline.h"
+
+namespace blink {
+namespace {
+
+constexpr UnitKind kAllKinds[] = {
+    UnitKind::kGemm,   UnitKind::kConv,      UnitKind::kAttention, UnitKind::kNorm,
+    UnitKind::kSoftmax, UnitKind::kReduction, UnitKind::kElementwise, UnitKind::kEmbedding,
+    UnitKind::kCopy,   UnitKind::kOptimizer, UnitKind::kLoss,      UnitKind::kOther,
+};
+
+// The GPU fields, in input order (after the unit's features and analytic_time_s).
+constexpr const char* kGpuNames[] = {
+    "gpu_sm_count",  "gpu_clock_hz",  "gpu_mem_bw",    "gpu_l2_bytes", "gpu_peak_fp32",
+    "gpu_peak_tf32", "gpu_peak_bf16", "gpu_peak_fp16", "gpu_peak_fp8", "gpu_cc",
+};
+
+}  // namespace
+
+const std::vector<std::string>& unit_model_input_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& kv : feature_values(UnitFeatures{})) out.emplace_back(kv.first);
+    out.emplace_back("analytic_time_s");
+    for (const char* g : kGpuNames) out.emplace_back(g);
+    return out;
+  }();
+  return names;
+}
+
+std::vector<double> unit_model_inputs(const UnitFeatures& f, double analytic_s,
+                                      const GpuSpec& gpu) {
+  std::vector<double> out;
+  out.reserve(unit_model_input_names().size());
+  for (const auto& kv : feature_values(f)) out.push_back(kv.second);
+  out.push_back(analytic_s);
+  out.push_back(gpu.sm_count);
+  out.push_back(gpu.clock_hz);
+  out.push_back(gpu.mem_bw);
+  out.push_back(gpu.l2_bytes);
+  out.push_back(gpu.peak_fp32);
+  out.push_back(gpu.peak_tf32);
+  out.push_back(gpu.peak_bf16);
+  out.push_back(gpu.peak_fp16);
+  out.push_back(gpu.peak_fp8);
+  out.push_back(10.0 * gpu.cc_major + gpu.cc_minor);
+  // A non-finite input (an intensity over zero bytes) is a missing value, as in training.
+  for (double& v : out) {
+    if (!std::isfinite(v)) v = std::numeric_limits<double>::quiet_NaN();
+  }
+  return out;
+}
+
+bool unit_kind_from_name(const std::string& name, UnitKind* kind) {
+  for (UnitKind k : kAllKinds) {
+    if (name == unit_kind_name(k)) {
+      *kind = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+void UnitModels::add(const std::string& kind, std::shared_ptr<const Forest> forest,
+                     const std::vector<std::string>& features, double clip_lo, double clip_hi) {
+  BLINK_CHECK(forest != nullptr, "UnitModels.add: no forest for kind \"" + kind + "\"");
+  const std::string& src = forest->source;
+  UnitModel m;
+  if (!unit_kind_from_name(kind, &m.kind)) {
+    std::string known;
+    for (UnitKind k : kAllKinds) known += std::string(known.empty() ? "" : ", ") + unit_kind_name(k);
+    throw Error(src + ": unit kind \"" + kind + "\" is not one of " + known);
+  }
+  BLINK_CHECK(find(m.kind) == nullptr, src + ": a model for unit kind \"" + kind +
+                                           "\" was already added");
+  BLINK_CHECK(static_cast<int64_t>(features.size()) == forest->num_features,
+              src + ": the card lists " + std::to_string(features.size()) +
+                  " features but the forest takes " + std::to_string(forest->num_features));
+  BLINK_CHECK(std::isfinite(clip_lo) && std::isfinite(clip_hi) && clip_lo <= clip_hi,
+              src + ": clip range [" + std::to_string(clip_lo) + ", " + std::to_string(clip_hi) +
+                  "] is not a finite range with lo <= hi");
+  const std::vector<std::string>& names = unit_model_input_names();
+  for (const std::string& f : features) {
+    const auto it = std::find(names.begin(), names.end(), f);
+    BLINK_CHECK(it != names.end(),
+                src + ": feature \"" + f + "\" is not a unit-model input this build knows (a "
+                "model trained on another feature schema? retrain with `blink train`)");
+    m.columns.push_back(static_cast<int32_t>(it - names.begin()));
+  }
+  if (!forest->feature_names.empty()) {
+    BLINK_CHECK(forest->feature_names == features,
+                src + ": the forest's own feature names differ from the card's list");
+  }
+  m.forest = std::move(forest);
+  m.clip_lo = clip_lo;
+  m.clip_hi = clip_hi;
+  models_.push_back(std::move(m));
+}
+
+const UnitModel* UnitModels::find(UnitKind kind) const {
+  for (const UnitModel& m : models_) {
+    if (m.kind == kind) return &m;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> UnitModels::kinds() const {
+  std::vector<std::string> out;
+  for (const UnitModel& m : models_) out.emplace_back(unit_kind_name(m.kind));
+  return out;
+}
+
+LearnedResult apply_unit_models(TraceCost& cost, const UnitModels& models, const GpuSpec& gpu) {
+  LearnedResult r;
+  const size_t n = cost.units.size();
+  r.analytic_s.resize(n);
+  r.log_ratio.assign(n, std::numeric_limits<double>::quiet_NaN());
+  std::vector<double> row;
+  for (size_t i = 0; i < n; ++i) {
+    UnitCost& u = cost.units[i];
+    r.analytic_s[i] = u.time_s;
+    if (!u.error.empty() || !(u.time_s > 0.0)) continue;
+    const UnitModel* m = models.find(u.features.kind);
+    if (m == nullptr) continue;
+    const std::vector<double> all = unit_model_inputs(u.features, u.time_s, gpu);
+    row.resize(m->columns.size());
+    for (size_t c = 0; c < m->columns.size(); ++c) row[c] = all[static_cast<size_t>(m->columns[c])];
+    const double p = m->forest->predict(row.data());
+    // A NaN prediction cannot come from finite leaves; clip keeps exp() bounded either way.
+    const double q = std::isfinite(p) ? std::min(std::max(p, m->clip_lo), m->clip_hi) : 0.0;
+    r.log_ratio[i] = q;
+    u.time_s *= std::exp(q);
+    ++r.covered;
+  }
+  if (r.covered > 0) retime_trace(cost);
+  return r;
+}
+
+void retime_trace(TraceCost& cost) {
+  for (IssueCost& is : cost.issues) is.gpu_s = 0.0;
+  for (const UnitCost& u : cost.units) {
+    if (u.issue >= 0 && static_cast<size_t>(u.issue) < cost.issues.size()) {
+      cost.issues[static_cast<size_t>(u.issue)].gpu_s += u.time_s;
+    }
+  }
+  std::vector<double> host, gpu_t;
+  host.reserve(cost.issues.size());
+  gpu_t.reserve(cost.issues.size());
+  cost.host_s = cost.gpu_busy_s = 0.0;
+  for (const IssueCost& c : cost.issues) {
+    host.push_back(c.host_s);
+    gpu_t.push_back(c.gpu_s);
+    cost.host_s += c.host_s;
+    cost.gpu_busy_s += c.gpu_s;
+  }
+  cost.timeline = simulate_eager_timeline(host, gpu_t);
+  cost.end_to_end_s = timeline_end_to_end_s(cost.timeline);
+}
+
+}  // namespace blink

@@ -1,0 +1,70 @@
+#pragma once
+// Learned per-unit time models on top of the analytic cost: one boosted forest per unit kind
+// predicts p = log(measured / analytic) from the unit's features, and the unit's time becomes
+// analytic * exp(clip(p)). The eager timeline is then re-run with the corrected unit times.
+//
+// The model's input vector is built by name (models/card.json lists each forest's features in
+// order; contract in the project's ARTIFACTS notes): every key of feature_values(), then
+// "analytic_time_s", then the GPU's fields "gpu_*". Training builds its rows from the same
+// names (blink.learned.input_row / blink._C.unit_model_inputs), so both sides agree.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "blink/cost_model.h"
+#include "blink/features.h"
+#include "blink/forest.h"
+
+namespace blink {
+
+// All names a unit model may take as an input, in a fixed order.
+const std::vector<std::string>& unit_model_input_names();
+
+// The values of those inputs for one unit (same order as unit_model_input_names()); a
+// non-finite value is NaN, XGBoost's missing value.
+std::vector<double> unit_model_inputs(const UnitFeatures& f, double analytic_s, const GpuSpec& gpu);
+
+// The unit kind named `name` (unit_kind_name's inverse); false when no kind has that name.
+bool unit_kind_from_name(const std::string& name, UnitKind* kind);
+
+struct UnitModel {
+  UnitKind kind = UnitKind::kOther;
+  std::shared_ptr<const Forest> forest;
+  std::vector<int32_t> columns;  // per forest input: index into unit_model_input_names()
+  double clip_lo = -4.0, clip_hi = 4.0;
+};
+
+class UnitModels {
+ public:
+  // Adds the forest for units of `kind` (a unit_kind_name). Throws blink::Error naming the
+  // forest's file when the kind is unknown or already has a model, a feature name is not an
+  // input name, the number of names differs from the forest's num_features, or the clip range
+  // is not finite with lo <= hi.
+  void add(const std::string& kind, std::shared_ptr<const Forest> forest,
+           const std::vector<std::string>& features, double clip_lo, double clip_hi);
+  const UnitModel* find(UnitKind kind) const;  // nullptr when no model covers the kind
+  std::vector<std::string> kinds() const;
+  bool empty() const { return models_.empty(); }
+
+ private:
+  std::vector<UnitModel> models_;
+};
+
+struct LearnedResult {
+  std::vector<double> analytic_s;  // per unit: the analytic time (before any correction)
+  std::vector<double> log_ratio;   // per unit: clipped p applied; NaN where analytic was kept
+  int64_t covered = 0;             // units whose time came from a forest
+};
+
+// Applies the models to a costed trace: every unit with a model for its kind, no feature
+// error and a positive analytic time gets time_s = analytic * exp(clip(p)); then the issues'
+// GPU times, the timeline and the totals are recomputed (retime_trace). lower_bound_s (the
+// roofline timeline) is unchanged.
+LearnedResult apply_unit_models(TraceCost& cost, const UnitModels& models, const GpuSpec& gpu);
+
+// Recomputes issues[].gpu_s, the timeline, end_to_end_s, host_s and gpu_busy_s from the units'
+// time_s (each unit's issue index as cost_trace set it).
+void retime_trace(TraceCost& cost);
+
+}  // namespace blink

@@ -1,0 +1,306 @@
+"""blink.predict with trained artifacts: forests written by xgboost into a temporary
+BLINK_MODELS_DIR change exactly the units they cover, the timeline is re-run with the new
+times, conformal tables set the interval, and a bad card or artifact is a clear error."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import blink
+from blink import learned
+from blink.cost import trace_features
+from blink.errors import ArtifactError, ConfigError
+from blink.predict import INTERVAL_METHOD, predict_trace
+
+xgb = pytest.importorskip("xgboost", reason="xgboost-cpu (requirements-dev.txt) writes the "
+                                            "test's forests")
+
+GPU = "A100-80GB"
+CONV_FEATURES = ["flops", "bytes_read", "conv_c", "conv_k", "analytic_time_s", "gpu_mem_bw"]
+
+
+@pytest.fixture(scope="module")
+def traces():
+    return {b: blink.trace_model("torchvision:resnet18", batch_size=b) for b in (2, 8, 32)}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    learned._CACHE.clear()
+    yield
+    learned._CACHE.clear()
+
+
+def _rows(t, kind: str, features: list[str]) -> np.ndarray:
+    r = learned.trace_input_rows(t, GPU)
+    cols = [r["names"].index(f) for f in features]
+    pick = [i for i, k in enumerate(r["kind"]) if k == kind]
+    return r["rows"][pick][:, cols]
+
+
+def _conv_forest(traces) -> xgb.Booster:
+    x = np.concatenate([_rows(t, "conv", CONV_FEATURES) for t in traces.values()])
+    # a correction that depends on the features (not a constant): big convs slower, small faster
+    y = np.where(x[:, 0] > np.median(x[:, 0]), 0.4, -0.3) + 0.1 * np.log10(x[:, 3])
+    return xgb.train({"max_depth": 3, "eta": 0.5, "nthread": 1}, xgb.DMatrix(x, y), 20)
+
+
+def _constant_forest(value: float, d: int) -> xgb.Booster:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50, d))
+    return xgb.train({"max_depth": 2, "nthread": 1}, xgb.DMatrix(x, np.full(50, value)), 2)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_models(d: Path, forests: dict, conformal: dict | None = None) -> Path:
+    """forests: kind -> (booster, features, clip)."""
+    d.mkdir(parents=True, exist_ok=True)
+    card = {"format_version": 1, "feature_schema_version": 1, "created": "test",
+            "command": "tests/test_learned.py", "datasets": [], "forests": {}}
+    for kind, (booster, features, clip) in forests.items():
+        f = d / f"forest_{kind}.json"
+        booster.save_model(str(f))
+        card["forests"][kind] = {"file": f.name, "sha256": _sha(f), "target": "log_ratio",
+                                 "features": features, "clip": list(clip), "gpus": ["T4"]}
+    if conformal is not None:
+        (d / "conformal.json").write_text(json.dumps(conformal))
+        card["conformal"] = {"file": "conformal.json", "sha256": _sha(d / "conformal.json")}
+    (d / "card.json").write_text(json.dumps(card))
+    return d
+
+
+def _timeline_end(t, analytic, trees) -> tuple[float, float]:
+    """End-to-end and GPU-busy time re-derived in Python: each unit's time on the issue that
+    owns it (its outermost ancestor on the timeline), the host times of the analytic run, one
+    CPU thread issuing and one stream executing in order."""
+    issue_ids = [ev["op_id"] for ev in analytic.timeline]
+    index = {op: i for i, op in enumerate(issue_ids)}
+    gpu = [0.0] * len(issue_ids)
+    for u in trees.units:
+        op, owner = u.op_id, None
+        while op >= 0:
+            if op in index:
+                owner = op
+            op = t.ops[op].parent
+        gpu[index[owner]] += u.time_ms / 1e3
+    host_t = gpu_free = end = 0.0
+    for ev, g in zip(analytic.timeline, gpu, strict=True):
+        host_t += ev["host_end_s"] - ev["host_start_s"]
+        if g > 0:
+            gpu_free = max(host_t, gpu_free) + g
+        end = max(end, host_t, gpu_free)
+    return end * 1e3, sum(gpu) * 1e3
+
+
+def test_forest_unit_times_and_timeline(traces, tmp_path, monkeypatch):
+    t = traces[8]
+    conv = _conv_forest(traces)
+    clip_norm = _constant_forest(10.0, 1)  # p = 10, clipped to the card's 1.0
+    _write_models(tmp_path / "m", {"conv": (conv, CONV_FEATURES, (-4.0, 4.0)),
+                                   "norm": (clip_norm, ["numel"], (-1.0, 1.0))})
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(tmp_path / "m"))
+    analytic = predict_trace(t, GPU, predictor="analytic")
+    trees = predict_trace(t, GPU)
+    assert analytic.predictor == "analytic" and trees.predictor == "trees"
+    # the expected log-ratio of every conv unit, from xgboost itself
+    p_conv = iter(conv.predict(xgb.DMatrix(_rows(t, "conv", CONV_FEATURES))))
+    by_id = {u.op_id: u for u in analytic.units}
+    seen = {"conv": 0, "norm": 0}
+    for u in trees.units:
+        a = by_id[u.op_id]
+        assert u.analytic_ms == pytest.approx(a.time_ms, rel=1e-12)
+        if u.kind == "conv":
+            want = a.time_ms * math.exp(float(np.clip(next(p_conv), -4, 4)))
+            assert u.source == "trees"
+            assert u.time_ms == pytest.approx(want, rel=1e-5)
+            seen["conv"] += 1
+        elif u.kind == "norm" and a.time_ms > 0:
+            assert u.source == "trees"
+            assert u.time_ms == pytest.approx(a.time_ms * math.e, rel=1e-6)
+            seen["norm"] += 1
+        else:
+            assert u.source in ("analytic", "none")
+            assert u.time_ms == a.time_ms
+    assert seen["conv"] >= 15 and seen["norm"] >= 15
+    # the timeline was re-run with the corrected unit times
+    end_ms, busy_ms = _timeline_end(t, analytic, trees)
+    assert trees.gpu_busy_ms == pytest.approx(busy_ms, rel=1e-9)
+    assert trees.time_ms == pytest.approx(end_ms, rel=1e-9)
+    assert trees.time_ms != pytest.approx(analytic.time_ms, rel=1e-3)
+    assert trees.host_ms == pytest.approx(analytic.host_ms, rel=1e-12)
+    assert sum(ev["gpu_end_s"] > ev["gpu_start_s"] for ev in trees.timeline) > 0
+    assert any("trees for conv, norm" in n for n in trees.notes)
+    assert any("A100-80GB is not among the GPUs" in n for n in trees.notes)
+    assert trees.interval_method == INTERVAL_METHOD  # no conformal table in this directory
+
+
+def test_predictions_with_artifacts_are_deterministic(traces, tmp_path, monkeypatch):
+    _write_models(tmp_path / "m", {"conv": (_conv_forest(traces), CONV_FEATURES, (-4.0, 4.0))})
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(tmp_path / "m"))
+    first = blink.predict("torchvision:resnet18", batch_size=8, gpu=GPU).to_dict()
+    learned._CACHE.clear()  # reload the artifacts from disk
+    second = blink.predict("torchvision:resnet18", batch_size=8, gpu=GPU).to_dict()
+    assert first == second
+    assert {u["source"] for u in first["units"]} >= {"trees", "analytic"}
+
+
+def test_without_models_everything_is_analytic(traces, tmp_path, monkeypatch):
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(tmp_path / "empty"))
+    p = predict_trace(traces[8], GPU)
+    forced = predict_trace(traces[8], GPU, predictor="analytic")
+    assert {u.source for u in p.units} <= {"analytic", "none"}
+    assert p.predictor == "analytic" and p.interval_method == INTERVAL_METHOD
+    assert any("no trained models" in n and "card.json not found" in n for n in p.notes)
+    assert p.time_ms == forced.time_ms
+    assert [u.time_ms for u in p.units] == [u.time_ms for u in forced.units]
+    assert all(u.analytic_ms == u.time_ms for u in p.units)
+    with pytest.raises(ConfigError, match="predictor 'gnn' is not one of auto, analytic"):
+        predict_trace(traces[8], GPU, predictor="gnn")
+
+
+def test_conformal_table_sets_intervals(traces, tmp_path, monkeypatch):
+    conformal = {"format_version": 1, "method": "split-conformal (absolute log-ratio residuals)",
+                 "coverage": 0.9, "calibration": "timm-rtx3090 held-out families",
+                 "unit": {"conv": {"q": 0.25, "n": 400}},
+                 "model": {"q": 0.3, "n": 120, "predictor": "analytic"}}
+    _write_models(tmp_path / "m", {"conv": (_conv_forest(traces), CONV_FEATURES, (-4.0, 4.0))},
+                  conformal)
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(tmp_path / "m"))
+    p = predict_trace(traces[8], GPU)
+    assert p.lower_ms == pytest.approx(p.time_ms * math.exp(-0.3), rel=1e-12)
+    assert p.upper_ms == pytest.approx(p.time_ms * math.exp(0.3), rel=1e-12)
+    assert "split-conformal" in p.interval_method
+    assert "90% nominal coverage" in p.interval_method
+    assert "timm-rtx3090 held-out families (n=120)" in p.interval_method
+    assert "for the analytic time" in p.interval_method
+    for u in p.units:
+        if u.source == "trees":
+            assert u.lower_ms == pytest.approx(u.time_ms * math.exp(-0.25), rel=1e-12)
+            assert u.upper_ms == pytest.approx(u.time_ms * math.exp(0.25), rel=1e-12)
+        else:
+            assert u.lower_ms is None and u.upper_ms is None
+    # the analytic predictor keeps the uncalibrated band: the table was calibrated on trees
+    a = predict_trace(traces[8], GPU, predictor="analytic")
+    assert a.interval_method == INTERVAL_METHOD
+
+
+def test_python_input_row_equals_the_core_vector(traces):
+    """Training builds rows with learned.input_row from features dicts; predict builds them in
+    C++: the same names must give the same numbers."""
+    t = traces[2]
+    core = learned.trace_input_rows(t, GPU)
+    assert core["names"] == learned.input_names()
+    feats = trace_features(t, GPU)
+    assert [f["op_id"] for f in feats] == core["op"]
+    for f, row in zip(feats, core["rows"], strict=True):
+        py = learned.input_row(f, GPU)
+        assert list(py) == core["names"]
+        np.testing.assert_array_equal(np.array(list(py.values())), row)
+    assert core["rows"].shape == (len(core["op"]), len(core["names"]))
+    # a non-finite feature is a missing value on both sides
+    row = learned.input_row({**feats[0], "arithmetic_intensity": math.inf}, GPU)
+    assert math.isnan(row["arithmetic_intensity"])
+    assert core["rows"][:, core["names"].index("gpu_cc")].tolist() == [80.0] * len(core["op"])
+
+
+# ---- bad cards and artifacts ---------------------------------------------------------------
+
+def _good(tmp: Path) -> Path:
+    return _write_models(tmp, {"norm": (_constant_forest(0.1, 2), ["numel", "flops"],
+                                        (-1.0, 1.0))})
+
+
+def _card_edit(fn):
+    def apply(d: Path) -> None:
+        card = json.loads((d / "card.json").read_text())
+        fn(card)
+        (d / "card.json").write_text(json.dumps(card))
+    return apply
+
+
+def _file_edit(name: str, fn):
+    def apply(d: Path) -> None:
+        (d / name).write_text(fn((d / name).read_text()))
+    return apply
+
+
+def _set(path: list, value):
+    def fn(card):
+        obj = card
+        for k in path[:-1]:
+            obj = obj[k]
+        obj[path[-1]] = value
+    return fn
+
+
+def _forest_version(text: str) -> str:
+    doc = json.loads(text)
+    doc["version"] = [9, 0, 0]
+    return json.dumps(doc)
+
+
+BAD_CARDS = [
+    ("card-format", _card_edit(_set(["format_version"], 2)), "card.json", "format_version 2"),
+    ("schema", _card_edit(_set(["feature_schema_version"], 7)), "card.json",
+     "feature_schema_version 7"),
+    ("card-json", _file_edit("card.json", lambda s: s[: len(s) // 2]), "card.json",
+     "truncated or corrupt"),
+    ("missing-file", _card_edit(_set(["forests", "norm", "file"], "gone.json")), "card.json",
+     "'gone.json' is missing"),
+    ("escape", _card_edit(_set(["forests", "norm", "file"], "../card.json")), "card.json",
+     "relative path inside"),
+    ("sha", _file_edit("forest_norm.json", lambda s: s.replace('"id":0', '"id": 0')),
+     "forest_norm.json", "differs from the card's"),
+    ("unknown-feature", _card_edit(_set(["forests", "norm", "features"], ["numel", "speed"])),
+     "forest_norm.json", "feature \"speed\" is not a unit-model input"),
+    ("feature-count", _card_edit(_set(["forests", "norm", "features"], ["numel"])),
+     "forest_norm.json", "lists 1 features but the forest takes 2"),
+    ("kind", _card_edit(lambda c: c["forests"].update(warp=c["forests"].pop("norm"))),
+     "card.json", "'warp' is not a unit kind"),
+    ("target", _card_edit(_set(["forests", "norm", "target"], "time_s")), "card.json",
+     "target 'time_s' is not supported"),
+    ("clip", _card_edit(_set(["forests", "norm", "clip"], [1.0, float("inf")])), "card.json",
+     "must be a finite number"),
+]
+
+
+@pytest.mark.parametrize("case, edit, names, message", BAD_CARDS, ids=[b[0] for b in BAD_CARDS])
+def test_bad_artifacts_are_clear_errors(case, edit, names, message, tmp_path, traces,
+                                        monkeypatch):
+    d = _good(tmp_path / "m")
+    edit(d)
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(d))
+    with pytest.raises(ArtifactError) as err:
+        predict_trace(traces[2], GPU)
+    text = str(err.value)
+    assert names in text and message in text, text
+    assert "blink train" in text
+    # and the analytic predictor still answers
+    assert predict_trace(traces[2], GPU, predictor="analytic").time_ms > 0
+
+
+def test_forest_of_another_xgboost_version(tmp_path, traces, monkeypatch):
+    d = _good(tmp_path / "m")
+    _file_edit("forest_norm.json", _forest_version)(d)
+    _card_edit(lambda c: c["forests"]["norm"].pop("sha256"))(d)
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(d))
+    with pytest.raises(ArtifactError, match=r"forest_norm.json: not a usable XGBoost model: "
+                                            r"written by XGBoost 9\.0\.0"):
+        predict_trace(traces[2], GPU)
+
+
+def test_bad_conformal_table(tmp_path, traces, monkeypatch):
+    d = _good(tmp_path / "m")
+    (d / "conformal.json").write_text(json.dumps({"format_version": 1, "coverage": 1.5,
+                                                  "method": "m", "calibration": "c"}))
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(d))
+    with pytest.raises(ArtifactError, match=r"conformal.json: coverage 1.5 is not in \(0, 1\)"):
+        predict_trace(traces[2], GPU)
