@@ -139,7 +139,7 @@ def _add_train_parsers(sub: argparse._SubParsersAction) -> None:
         return run(a)
 
     from .train.__main__ import add_arguments as train_args
-    from .train.evaluate import add_arguments as evaluate_args
+    from .train.__main__ import add_evaluate_arguments as evaluate_args
 
     p = sub.add_parser("train", help="fit the per-unit forests and conformal table (models/)")
     train_args(p)
@@ -171,9 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="module path depth for --by module (default 1)")
     p.add_argument("--compiled", action="store_true",
                    help="predict the model under torch.compile (Inductor's fused kernels)")
-    p.add_argument("--host-time", choices=("measured", "wall", "table"), default="measured",
-                   help="host time per op: measured on this CPU during the dry run (CPU time, "
-                        "default), the same on the wall clock, or the deterministic table")
+    p.add_argument("--host-time", choices=("table", "measured", "wall"), default="table",
+                   help="host time per op: the deterministic table (default), measured on this "
+                        "CPU during the dry run (CPU time), or the same on the wall clock")
     p.add_argument("--predictor", choices=["auto", "analytic"], default="auto",
                    help="auto: trained models in models/ (or $BLINK_MODELS_DIR) where they cover "
                         "a unit, else analytic; analytic: ignore trained models")

@@ -496,7 +496,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                   allow_tf32_matmul: bool | None = None,
                   allow_tf32_cudnn: bool | None = None,
                   cudnn_benchmark: bool | None = None,
-                  host_time: str = "measured",
+                  host_time: str = "table",
                   memory_budget: int | None = None, compiled: bool = False,
                   predictor: str = "auto") -> Prediction:
     """Cost an existing trace on `gpu`. TF32 and cuDNN-benchmark flags default to torch's
@@ -505,15 +505,16 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     context included (default: the GPU's memory). compiled=True costs the graph torch.compile's
     Inductor would run (blink.compile.compiled_units).
 
-    host_time="measured" (default): each op's host time is the caller's work the dry run
+    host_time="table" (default): fixed constants per op and module call, deterministic and
+    CPU-independent (the same request gets the same answer on any machine).
+    host_time="measured": each op's host time is the caller's work the dry run
     measured on this CPU before it (Python, module calls, autograd engine, optimizer loop; less
     the tracer's own calibrated overhead, blink.hosttime) plus the op's CUDA-side dispatch,
     on the thread's CPU-time clock so that a loaded machine's preemptions do not count.
     It follows the user's real Python, but varies a little from trace to trace and describes
     this CPU. host_time="wall": the same on the steady clock (sleeps and waits in the model
-    count, and so does preemption). host_time="table": fixed constants per op and module
-    call, deterministic and CPU-independent. A trace without timestamps (format 2) always
-    uses the table. A trace recorded cold (a model's first call in the process) carries
+    count, and so does preemption). A trace without timestamps (format 2) always uses the
+    table. A trace recorded cold (a model's first call in the process) carries
     one-off Python costs in its gaps; trace_model(warmup=True), as blink.predict does,
     records a warm one.
 
@@ -680,7 +681,7 @@ def predict(
     nonzero: str = "error",
     expandable_segments: bool | None = None,
     first_step: bool = False,
-    host_time: str = "measured",
+    host_time: str = "table",
     memory_budget: int | None = None,
     compiled: bool = False,
     predictor: str = "auto",
@@ -690,8 +691,8 @@ def predict(
     Same inputs as blink.trace_model (a module or zoo name; `inputs`, `input_shape` or, for zoo
     models, `batch_size` / `seq_len`); mode="train" is forward, loss, backward and
     `optimizer.step()`, in steady state (optimizer state already resident) unless first_step.
-    host_time: "measured" (this CPU's Python, as the dry run ran it), "wall" or "table"
-    (deterministic); see predict_trace.
+    host_time: "table" (deterministic, the default), "measured" (this CPU's Python, as the dry
+    run ran it) or "wall"; see predict_trace.
     memory_budget: bytes the run may use on the GPU, CUDA context included (default: all of
     it); `fits` says whether the allocator replay stays within it without an out-of-memory.
     compiled=True predicts the model under torch.compile (Inductor's fused kernels).

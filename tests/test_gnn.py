@@ -208,15 +208,16 @@ def test_predict_uses_the_gnn(graphs, tmp_path, monkeypatch):
             "gnn": {"file": "gnn.safetensors"}}
     (d / "card.json").write_text(json.dumps(card))
     monkeypatch.setenv("BLINK_MODELS_DIR", str(d))
-    base = predict_trace(t, GPU, predictor="analytic")
-    p = predict_trace(t, GPU)
+    # host_time="table": the graph gnn.unit_graph builds is the table-host one
+    base = predict_trace(t, GPU, predictor="analytic", host_time="table")
+    p = predict_trace(t, GPU, host_time="table")
     with torch.no_grad():
         c = float(m.forward_graph(gnn.unit_graph(t, GPU)))
     assert p.predictor == "gnn"
     assert p.time_ms == pytest.approx(base.time_ms * math.exp(c), rel=1e-5)
     assert p.gpu_busy_ms == base.gpu_busy_ms  # per-unit schedule unchanged
     assert any("from the GNN" in n for n in p.notes)
-    assert predict_trace(t, GPU).to_dict() == p.to_dict()  # deterministic
+    assert predict_trace(t, GPU, host_time="table").to_dict() == p.to_dict()  # deterministic
     # a corrupt GNN is a clear error, not a silent analytic answer
     (d / "gnn.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
     learned._CACHE.clear()

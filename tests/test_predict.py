@@ -135,7 +135,7 @@ def test_small_batch_is_launch_bound_large_batch_gpu_bound():
 
 
 def test_exports(tmp_path):
-    p = blink.predict("torchvision:resnet18", batch_size=4, mode="train")
+    p = blink.predict("torchvision:resnet18", batch_size=4, mode="train", predictor="analytic")
     doc = json.loads(p.to_json())
     for key in ("time_ms", "lower_ms", "upper_ms", "peak_allocated_bytes",
                 "peak_reserved_bytes", "units", "timeline"):
@@ -187,7 +187,8 @@ def test_trace_features_are_the_units_predict_costs():
 
     t = blink.trace_model("torchvision:resnet18", batch_size=8, mode="train")
     rows = trace_features(t, "A100-40GB", allow_tf32_cudnn=True)
-    p = predict_trace(t, "A100-40GB", allow_tf32_matmul=False, allow_tf32_cudnn=True)
+    p = predict_trace(t, "A100-40GB", allow_tf32_matmul=False, allow_tf32_cudnn=True,
+                      predictor="analytic")
     assert [r["op_id"] for r in rows] == [u.op_id for u in p.units]
     for r, u in zip(rows, p.units, strict=True):
         assert r["analytic_time_s"] * 1e3 == pytest.approx(u.time_ms, rel=1e-12, abs=1e-15)

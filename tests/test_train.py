@@ -198,8 +198,16 @@ def _validate(d: Path) -> None:
         for f in ds["files"]:
             rel = Path(f["path"]).relative_to("shared/data/public")
             assert hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() == f["sha256"]
-    assert {"gemm", "conv", "elementwise", "norm", "softmax"} <= set(card["forests"])
+    # every kind is shipped, or recorded as not shipped because its trees did not beat the
+    # analytic model on held-out GPUs
+    shipped, dropped = set(card["forests"]), set(card.get("forests_not_shipped", {}))
+    assert {"gemm", "conv", "elementwise", "norm", "softmax"} <= shipped | dropped
+    assert not shipped & dropped
+    for kind, why in card.get("forests_not_shipped", {}).items():
+        assert why["trees_mape"] >= why["analytic_mape"], kind
     for kind, fc in card["forests"].items():
+        m = fc["metrics"]
+        assert m["trees"]["mape"] < m["analytic"]["mape"], kind
         booster = xgboost.Booster()
         booster.load_model(str(d / fc["file"]))
         assert booster.num_features() == len(fc["features"])
@@ -226,8 +234,8 @@ def test_shipped_forest_predictions_are_xgboosts(small_tables):
     if not (MODELS / "card.json").is_file():
         pytest.skip("no shipped models/card.json")
     card = json.loads((MODELS / "card.json").read_text())
-    t = small_tables["softmax"]
-    fc = card["forests"]["softmax"]
+    t = small_tables["elementwise"]
+    fc = card["forests"]["elementwise"]
     idx = [t.features.index(n) if n in t.features else -1 for n in fc["features"]]
     X = np.array([[row[i] if i >= 0 else math.nan for i in idx] for row in t.X])
     booster = xgboost.Booster()
@@ -265,7 +273,9 @@ def test_conformal_coverage_on_a_held_out_split_is_nominal(elem_table):
 
 
 def test_logo_trees_beat_analytic_on_held_out_gpus(small_tables):
-    t = small_tables["norm"]
+    # GEMM: the kind with the most cross-GPU rows (norm and softmax no longer gain over the
+    # analytic passes model, so the pipeline does not ship them)
+    t = small_tables["gemm"]
     lg = logo(t, rounds=30)
     assert np.all(np.isfinite(lg.pred_s))
     trees = F.metrics(lg.pred_s, t.measured_s)["mape"]
@@ -322,7 +332,7 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     assert main(["train", "--out", str(tmp_path / "m"), *args]) == 0
     card = json.loads((tmp_path / "m" / "card.json").read_text())
     assert card["command"] == "blink train --rows-per-file 150 --mixed-rows 300"
-    assert {"gemm", "conv"} <= set(card["forests"])
+    assert {"gemm", "conv"} <= set(card["forests"]) | set(card["forests_not_shipped"])
     capsys.readouterr()
     assert main(["evaluate", "--out", str(tmp_path / "e"), "--model-trees", "0", *args]) == 0
     text = capsys.readouterr().out

@@ -22,6 +22,25 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="XGBoost threads: a speed setting only, the artifacts are the same")
 
 
+def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
+    """`blink evaluate`'s arguments, defined here so that building the CLI imports neither numpy
+    nor xgboost (blink/train/evaluate.py does)."""
+    ap.add_argument("--data", default=None, help="the shared/data/public folder")
+    ap.add_argument("--out", default=None,
+                    help="output folder (default benchmarks/results/accuracy)")
+    ap.add_argument("--timm-cache", default=None, help="the timm cache (data/derived/...)")
+    ap.add_argument("--rows-per-file", type=int, default=6000,
+                    help="NeuSight bmm/linear rows per GPU file (default 6000)")
+    ap.add_argument("--mixed-rows", type=int, default=None,
+                    help="NeuSight elem/ln/softmax rows per file (default: all)")
+    ap.add_argument("--rounds", type=int, default=120, help="boosting rounds (default 120, "
+                    "blink.train.fit.NUM_ROUNDS)")
+    ap.add_argument("--nthread", type=int, default=2, help="XGBoost threads (speed only)")
+    ap.add_argument("--model-trees", type=int, default=100,
+                    help="timm models re-traced to apply the per-unit forests (0: skip)")
+    ap.add_argument("--no-figures", action="store_true")
+
+
 def run(a: argparse.Namespace) -> int:
     from pathlib import Path
 

@@ -487,19 +487,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--data", default=None, help="the shared/data/public folder")
-    ap.add_argument("--out", default=None,
-                    help="output folder (default benchmarks/results/accuracy)")
-    ap.add_argument("--timm-cache", default=None, help="the timm cache (data/derived/...)")
-    ap.add_argument("--rows-per-file", type=int, default=6000,
-                    help="NeuSight bmm/linear rows per GPU file (default 6000)")
-    ap.add_argument("--mixed-rows", type=int, default=None,
-                    help="NeuSight elem/ln/softmax rows per file (default: all)")
-    ap.add_argument("--rounds", type=int, default=NUM_ROUNDS, help="boosting rounds")
-    ap.add_argument("--nthread", type=int, default=2, help="XGBoost threads (speed only)")
-    ap.add_argument("--model-trees", type=int, default=100,
-                    help="timm models re-traced to apply the per-unit forests (0: skip)")
-    ap.add_argument("--no-figures", action="store_true")
+    from .__main__ import add_evaluate_arguments
+
+    add_evaluate_arguments(ap)
 
 
 def run(a: argparse.Namespace) -> int:

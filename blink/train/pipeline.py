@@ -69,6 +69,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     root = public_root(data)
     out_dir = Path(out) if out is not None else default_models_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("forest_*.json"):  # a kind that is no longer shipped leaves none
+        stale.unlink()
     xgb_mod = xgb()
 
     def say(msg: str) -> None:
@@ -81,16 +83,27 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     say(f"{len(rows)} unit rows: " + ", ".join(f"{k} {len(t)}" for k, t in tables.items()))
 
     forests: dict[str, Any] = {}
+    not_shipped: dict[str, Any] = {}
     conformal_units: dict[str, Any] = {}
     for kind, t in tables.items():
         chips = sorted(set(t.chip.tolist()))
         if len(t) < MIN_ROWS or len(chips) < 2:
             say(f"{kind}: {len(t)} rows on {len(chips)} GPU(s): stays analytic")
             continue
+        lg = logo(t, rounds=rounds)
+        ana_mape = metrics(t.analytic_s, t.measured_s)["mape"]
+        tree_mape = metrics(lg.pred_s, t.measured_s)["mape"]
+        if not tree_mape < ana_mape:
+            # Shipped only where the trees beat the analytic model on GPUs they never saw.
+            say(f"{kind}: LOGO MAPE trees {tree_mape:.1f}% >= analytic {ana_mape:.1f}%: "
+                "not shipped, stays analytic")
+            not_shipped[kind] = {"rows": len(t), "analytic_mape": _r(ana_mape, 3),
+                                 "trees_mape": _r(tree_mape, 3),
+                                 "split": "leave-one-GPU-out (chips)"}
+            continue
         f = fit_forest(t, rounds=rounds)
         fname = f"forest_{kind}.json"
         f.booster.save_model(str(out_dir / fname))
-        lg = logo(t, rounds=rounds)
         r = np.abs(lg.log_residuals(t))
         q = conformal_q(r, COVERAGE)
         conformal_units[kind] = {"q": _r(q, 6), "n": int(r.size)}
@@ -205,6 +218,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
             "missing": "NaN (XGBoost default direction); absent GPU peaks are 0.0 as in GpuSpec",
             "prediction": "time_s = analytic_time_s * exp(clip(margin, clip[0], clip[1]))"},
         "forests": forests,
+        "forests_not_shipped": not_shipped,
         "conformal": {"file": "conformal.json"},
         "splits": {
             "unit": "leave-one-GPU-out over GPU chips (V100 PCIe and SXM2 are one chip); "
