@@ -50,7 +50,8 @@ __all__ = [
 
 # blink::MathMode, in enum order (csrc/include/blink/features.h): feature_values() gives the
 # enum's integer, features_for() its name; the trees see the integer, as the C++ evaluator does.
-MATH_MODES = ("fp32_simt", "tf32", "bf16_tc", "fp16_tc", "fp8_tc", "other")
+# blink::MathMode order (the C++ enum codes the forests see)
+MATH_MODES = ("fp32_simt", "tf32", "bf16_tc", "fp16_tc", "fp8_tc", "other", "3xtf32")
 
 # Hardware fields of a row's GPU (ARTIFACTS.md), from the same GpuSpec fields the core uses.
 GPU_FEATURES = ("gpu_sm_count", "gpu_clock_hz", "gpu_mem_bw", "gpu_l2_bytes", "gpu_peak_fp32",
@@ -58,7 +59,7 @@ GPU_FEATURES = ("gpu_sm_count", "gpu_clock_hz", "gpu_mem_bw", "gpu_l2_bytes", "g
 
 # Keys of features_for() that are not inputs of a forest: the unit kind (one forest per kind)
 # and the host-side dispatch time (not a GPU-time feature; not in blink::feature_values).
-_NOT_FEATURES = ("kind", "host_dispatch_time_s")
+_NOT_FEATURES = ("kind", "host_dispatch_time_s", "error")
 
 # DeepBench's gpu column -> blink.hardware name. The workbooks do not say which board variant
 # ran; the DGX-1 V100 is SXM2 ("V100"), the P100 is taken as the PCIe part the table has.
