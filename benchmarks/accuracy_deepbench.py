@@ -18,22 +18,17 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import sys
 from collections import Counter, defaultdict
+
+from accuracy_public import _quantile
 
 from blink import data_deepbench as db
 from blink.cost import conv_algo_name
 
 
 def _q(vals: list[float], q: float) -> float:
-    s = sorted(vals)
-    if not s:
-        return math.nan
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    return _quantile(sorted(vals), q)
 
 
 def _stats(apes: list[float]) -> str:

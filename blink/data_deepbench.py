@@ -34,20 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .train.data import DEEPBENCH_GPUS, deepbench_conv_op, deepbench_gemm_op
+
 __all__ = ["DEVICES", "FAMILIES", "Row", "data_dir", "load", "map_row", "predict"]
 
 FAMILIES = ("gemm", "conv")
 
-# The CSV's gpu column -> the blink.hardware name. GPUs missing from the hardware table are
-# skipped by load() (named in its `skipped` count).
-DEVICES: dict[str, str] = {
-    "Tesla P100": "P100",
-    "Tesla V100": "V100",
-    "Tesla T4": "T4",
-    "GeForce GTX 1080 Ti": "GTX1080Ti",
-    "TITAN Xp": "TITANXp",
-    "TITAN X (Pascal)": "TITANX-Pascal",
-}
+# The CSV's gpu column -> the blink.hardware name: the training mapping's table.
+DEVICES: dict[str, str] = dict(DEEPBENCH_GPUS)
 
 _DTYPE = {"fp32": 6, "fp16": 5, "fp16_tc": 5}
 
@@ -109,8 +103,6 @@ def load(root: Path, family: str) -> Iterator[Row]:
 def map_row(row: Row) -> tuple[str, list, list]:
     """(ATen op name, raw inputs, raw outputs) PyTorch would run for the row: the mapping
     blink.train uses for its DeepBench rows (blink/train/data.py), so both see the same op."""
-    from .train.data import deepbench_conv_op, deepbench_gemm_op
-
     dt = _DTYPE[row.precision]
     s = row.shape
     if row.family == "gemm":

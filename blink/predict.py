@@ -27,7 +27,7 @@ from .errors import BlinkError, ConfigError
 from .hardware import GPUSpec, get_gpu
 from .hosttime import HOST_TIME_MODES, autocast_overhead_s, tracer_overhead
 from .learned import conformal_interval, load_models, models_dir, unit_quantile
-from .trace import PHASES, RESIDENT_ROLES, Trace, _fmt_bytes
+from .trace import PHASES, RESIDENT_ROLES, Trace, _fmt_bytes, read_json_document
 
 FORMAT_VERSION = 1
 
@@ -295,22 +295,7 @@ class Prediction:
     @classmethod
     def from_json(cls, source: str | os.PathLike[str]) -> Prediction:
         """Load what to_json wrote (a JSON string or a file path)."""
-        text = str(source)
-        where = "the JSON text"
-        if not text.lstrip().startswith("{"):
-            where = text
-            try:
-                with open(text, encoding="utf-8") as f:
-                    text = f.read()
-            except OSError as exc:
-                raise BlinkError(f"cannot read prediction file {where}: {exc}") from exc
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BlinkError(f"{where} is not a blink prediction: invalid JSON ({exc})") from exc
-        if not isinstance(doc, dict) or doc.get("format") != "blink.prediction":
-            raise BlinkError(f"{where} is not a blink prediction (no \"format\": "
-                             "\"blink.prediction\")")
+        doc, where = read_json_document(source, "prediction")
         if doc.get("format_version") != FORMAT_VERSION:
             raise BlinkError(f"{where} has prediction format_version "
                              f"{doc.get('format_version')!r}; this blink reads {FORMAT_VERSION}")

@@ -376,21 +376,7 @@ class Trace:
     @classmethod
     def from_json(cls, source: str | os.PathLike[str]) -> Trace:
         """Load from a JSON string or a file path."""
-        text = str(source)
-        where = "the JSON text"
-        if not text.lstrip().startswith("{"):
-            where = text
-            try:
-                with open(text, encoding="utf-8") as f:
-                    text = f.read()
-            except OSError as exc:
-                raise BlinkError(f"cannot read trace file {where}: {exc}") from exc
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BlinkError(f"{where} is not a blink trace: invalid JSON ({exc})") from exc
-        if not isinstance(doc, dict) or doc.get("format") != "blink.trace":
-            raise BlinkError(f"{where} is not a blink trace (no \"format\": \"blink.trace\")")
+        doc, where = read_json_document(source, "trace")
         version = doc.get("format_version")
         if version not in _READABLE_VERSIONS:
             raise BlinkError(
@@ -429,6 +415,28 @@ class Trace:
         except BlinkError as exc:
             raise BlinkError(f"{where} is a damaged blink trace: {exc}") from exc
         return t
+
+
+def read_json_document(source: str | os.PathLike[str], kind: str) -> tuple[dict, str]:
+    """A blink JSON document ("format": "blink.<kind>") from a JSON string or a file path, and
+    how to name it in errors. Raises BlinkError for an unreadable file, invalid JSON or another
+    format."""
+    text = str(source)
+    where = "the JSON text"
+    if not text.lstrip().startswith("{"):
+        where = text
+        try:
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise BlinkError(f"cannot read {kind} file {where}: {exc}") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BlinkError(f"{where} is not a blink {kind}: invalid JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("format") != f"blink.{kind}":
+        raise BlinkError(f"{where} is not a blink {kind} (no \"format\": \"blink.{kind}\")")
+    return doc, where
 
 
 _SUMMARY_META = ("model", "mode", "dtype", "batch_size", "seq_len", "gpu", "sdpa")
