@@ -22,7 +22,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import BlinkError, ConfigError
 
@@ -125,6 +125,23 @@ def _no_fixed_inputs(kwargs: dict[str, Any]) -> None:
 
 # -- max_batch_size ---------------------------------------------------------------------------
 
+class _Report:
+    """A planner result: printed as its table, serialised with its format name."""
+
+    FORMAT: ClassVar[str]
+
+    def table(self) -> str:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)  # type: ignore[call-overload]  # subclasses are dataclasses
+        d["format"] = self.FORMAT
+        return d
+
+
 @dataclass(frozen=True)
 class Probe:
     """One predicted batch size."""
@@ -148,8 +165,10 @@ def _probe(p: Prediction) -> Probe:
 
 
 @dataclass
-class BatchSearch:
+class BatchSearch(_Report):
     """What max_batch_size found, with every prediction it made on the way."""
+
+    FORMAT: ClassVar[str] = "blink.max_batch_size"
 
     model: str
     gpu: str
@@ -192,13 +211,6 @@ class BatchSearch:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.table()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["format"] = "blink.max_batch_size"
-        return d
 
 
 def _search(fits: Callable[[int], bool], max_batch: int, max_probes: int) -> tuple[int, bool]:
@@ -316,8 +328,10 @@ def max_batch_size(
 # -- optimize_batch ---------------------------------------------------------------------------
 
 @dataclass
-class BatchSweep:
+class BatchSweep(_Report):
     """Time, throughput and memory against batch size, and the best batch within the budget."""
+
+    FORMAT: ClassVar[str] = "blink.optimize_batch"
 
     model: str
     gpu: str
@@ -361,13 +375,6 @@ class BatchSweep:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.table()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["format"] = "blink.optimize_batch"
-        return d
 
     def plot(self, path: str) -> str:
         return plot_sweep(self, path)
@@ -502,7 +509,8 @@ class CompareRow:
 
 
 @dataclass
-class Comparison:
+class Comparison(_Report):
+    FORMAT: ClassVar[str] = "blink.compare"
     mode: str
     batch_size: int
     seq_len: int | None
@@ -520,13 +528,6 @@ class Comparison:
                          f"{'yes' if r.fits else 'no':>4} {r.relative:>7.2f}x")
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.table()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["format"] = "blink.compare"
-        return d
 
 
 def _as_list(name: str, value: object) -> list[Any]:

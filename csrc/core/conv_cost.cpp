@@ -171,9 +171,10 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
   if (mode == MathMode::kOther) mode = MathMode::kFp32Simt;  // FP64: scaled below
   double min_flop_factor = 1.0;
   double main_s = 0.0, aux_bytes = 0.0, worst = -1.0;
-  int64_t aux_kernels = 0, tiles = 0, waves = 0, tile_m = 0, tile_n = 0, split = 1;
+  int64_t aux_kernels = 0;
   ConvAlgo algo = ConvAlgo::kNone;
   MathMode used = mode;
+  GemmPlan shape;  // the costliest pass's launch shape, which the unit reports
   const double bw = g.mem_bw * 0.85;
   for (int p = kFwd; p <= kWgrad; ++p) {
     if (!(passes & (1 << p))) continue;
@@ -238,12 +239,7 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
       worst = plan.main_s;
       algo = plan.algo;
       used = plan.mode;
-      tiles = plan.gemm.ctas;
-      waves = plan.gemm.waves;
-      tile_m = plan.gemm.tile_m;
-      tile_n = plan.gemm.tile_n;
-      split = plan.gemm.split_k;
-      f.blocks_per_sm = plan.gemm.ctas_per_sm;
+      shape = plan.gemm;
     }
   }
   f.conv_algo = static_cast<int>(algo);
@@ -251,12 +247,7 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
   f.kernel_compute_s = main_s;
   f.aux_bytes += aux_bytes;
   f.kernels += aux_kernels;
-  f.tiles = tiles;
-  f.waves = waves;
-  f.tile_m = tile_m;
-  f.tile_n = tile_n;
-  f.split_k = split;
-  f.parallelism = static_cast<double>(tiles) * 256.0;
+  set_launch_shape(f, shape);
   if (f.groups > 1 && !depthwise) {
     // Never slower than the dense convolution of the same shape, whatever algorithm that one
     // gets (cuDNN can run a grouped convolution as the dense one on a block-diagonal filter).
@@ -267,18 +258,10 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
     const double bw_aux = g.mem_bw * 0.85;
     if (dense.kernel_compute_s + (dense.aux_bytes - before.aux_bytes) / bw_aux <
         f.kernel_compute_s + (f.aux_bytes - before.aux_bytes) / bw_aux) {
-      f.conv_algo = dense.conv_algo;
-      f.math_mode = dense.math_mode;
-      f.kernel_compute_s = dense.kernel_compute_s;
-      f.aux_bytes = dense.aux_bytes;
-      f.kernels = dense.kernels;
-      f.tiles = dense.tiles;
-      f.waves = dense.waves;
-      f.tile_m = dense.tile_m;
-      f.tile_n = dense.tile_n;
-      f.split_k = dense.split_k;
-      f.blocks_per_sm = dense.blocks_per_sm;
-      f.parallelism = dense.parallelism;
+      // The dense plan, on this unit's own geometry and FLOPs.
+      dense.groups = f.groups;
+      dense.flops = f.flops;
+      f = dense;
     }
   }
   return min_flop_factor;

@@ -273,26 +273,42 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& spe
     if (unit_of[i] >= 0 && issue_of[i] >= 0) {
       UnitCost& u = out.units[static_cast<size_t>(unit_of[i])];
       u.issue = issue_of[i];
-      IssueCost& issue = out.issues[static_cast<size_t>(issue_of[i])];
-      issue.gpu_s += u.time_s;
-      issue.roofline_s += u.roofline_s;
+      out.issues[static_cast<size_t>(issue_of[i])].roofline_s += u.roofline_s;
     }
   }
-  std::vector<double> host, gpu_t, roof;
-  host.reserve(out.issues.size());
-  for (const IssueCost& c : out.issues) {
-    host.push_back(c.host_s);
-    gpu_t.push_back(c.gpu_s);
-    roof.push_back(c.roofline_s);
-    out.host_s += c.host_s;
-    out.gpu_busy_s += c.gpu_s;
-  }
-  out.timeline = simulate_eager_timeline(host, gpu_t);
-  out.end_to_end_s = timeline_end_to_end_s(out.timeline);
+  retime_trace(out);
   // The same timeline with every kernel at its roofline: no eager run can be faster than this
   // on this host-time model.
+  std::vector<double> host, roof;
+  host.reserve(out.issues.size());
+  roof.reserve(out.issues.size());
+  for (const IssueCost& c : out.issues) {
+    host.push_back(c.host_s);
+    roof.push_back(c.roofline_s);
+  }
   out.lower_bound_s = timeline_end_to_end_s(simulate_eager_timeline(host, roof));
   return out;
+}
+
+void retime_trace(TraceCost& cost) {
+  for (IssueCost& is : cost.issues) is.gpu_s = 0.0;
+  for (const UnitCost& u : cost.units) {
+    if (u.issue >= 0 && static_cast<size_t>(u.issue) < cost.issues.size()) {
+      cost.issues[static_cast<size_t>(u.issue)].gpu_s += u.time_s;
+    }
+  }
+  std::vector<double> host, gpu_t;
+  host.reserve(cost.issues.size());
+  gpu_t.reserve(cost.issues.size());
+  cost.host_s = cost.gpu_busy_s = 0.0;
+  for (const IssueCost& c : cost.issues) {
+    host.push_back(c.host_s);
+    gpu_t.push_back(c.gpu_s);
+    cost.host_s += c.host_s;
+    cost.gpu_busy_s += c.gpu_s;
+  }
+  cost.timeline = simulate_eager_timeline(host, gpu_t);
+  cost.end_to_end_s = timeline_end_to_end_s(cost.timeline);
 }
 
 const char* memory_category_name(MemoryCategory c) {

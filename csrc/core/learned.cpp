@@ -144,25 +144,4 @@ LearnedResult apply_unit_models(TraceCost& cost, const UnitModels& models, const
   return r;
 }
 
-void retime_trace(TraceCost& cost) {
-  for (IssueCost& is : cost.issues) is.gpu_s = 0.0;
-  for (const UnitCost& u : cost.units) {
-    if (u.issue >= 0 && static_cast<size_t>(u.issue) < cost.issues.size()) {
-      cost.issues[static_cast<size_t>(u.issue)].gpu_s += u.time_s;
-    }
-  }
-  std::vector<double> host, gpu_t;
-  host.reserve(cost.issues.size());
-  gpu_t.reserve(cost.issues.size());
-  cost.host_s = cost.gpu_busy_s = 0.0;
-  for (const IssueCost& c : cost.issues) {
-    host.push_back(c.host_s);
-    gpu_t.push_back(c.gpu_s);
-    cost.host_s += c.host_s;
-    cost.gpu_busy_s += c.gpu_s;
-  }
-  cost.timeline = simulate_eager_timeline(host, gpu_t);
-  cost.end_to_end_s = timeline_end_to_end_s(cost.timeline);
-}
-
 }  // namespace blink

@@ -292,7 +292,7 @@ py::tuple op_label(const TraceData& t, int64_t id) {
 }
 
 // A unit's features as the dict blink._C.features_for and RawTrace.unit_features return.
-py::dict features_to_python(const UnitFeatures& f, const GpuSpec& g) {
+py::dict features_to_python(const UnitFeatures& f) {
   py::dict d;
   for (const auto& kv : feature_values(f)) d[kv.first] = kv.second;
   d["kind"] = unit_kind_name(f.kind);
@@ -300,7 +300,6 @@ py::dict features_to_python(const UnitFeatures& f, const GpuSpec& g) {
   for (const char* k :
        {"matched", "backward", "trans_a", "trans_b", "transposed", "causal", "channels_last"})
     d[k] = d[k].cast<double>() != 0.0;
-  (void)g;
   return d;
 }
 
@@ -573,7 +572,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             py::list rows;
             for (const UnitCost& u : c.units) {
               const OpRecord& op = d.ops[static_cast<size_t>(u.op)];
-              py::dict row = features_to_python(u.features, g);
+              py::dict row = features_to_python(u.features);
               row["analytic_time_s"] = u.time_s;
               row["op_id"] = u.op;
               row["op"] = op_full_name(d, op);
@@ -854,7 +853,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           o.allow_tf32_cudnn = allow_tf32_cudnn;
           o.cudnn_benchmark = cudnn_benchmark;
           UnitFeatures f = features_for(op, in, out, g, o);
-          py::dict d = features_to_python(f, g);
+          py::dict d = features_to_python(f);
           d["analytic_time_s"] = analytic_time_s(f, g);
           d["host_dispatch_time_s"] = host_dispatch_time_s(op);
           return d;

@@ -83,6 +83,11 @@ struct HostOptions {
 TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& gpu,
                      const FeatureOptions& opts, const HostOptions& host = HostOptions());
 
+// Recomputes issues[].gpu_s, the timeline, end_to_end_s, host_s and gpu_busy_s from the units'
+// time_s (each unit's issue index as cost_trace set it): cost_trace's own schedule, re-run after
+// learned unit times replace analytic ones (learned.cpp).
+void retime_trace(TraceCost& cost);
+
 // What a byte of allocated memory holds, for the breakdown at the peak. Resident storages get
 // their role from the caller (MemoryOptions::external_roles) or, without one, from use: only
 // optimizer-phase ops touch it -> optimizer state, else an input. Storages the run allocates:

@@ -90,11 +90,13 @@ struct GemmPlan {
   bool gemv = false;
 };
 
-// Sustained FLOP/s of a math mode on `gpu` (the datasheet peak where nothing says otherwise).
-double sustained_peak(MathMode mode, int dtype, const GpuSpec& gpu);
 
 // The fastest predicted cuBLAS configuration for the problem on `gpu`.
 GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& gpu);
+
+// Sets a unit's launch-shape features (tile, split-K, CTAs, CTAs per SM, waves, threads) from a
+// plan.
+void set_launch_shape(UnitFeatures& f, const GemmPlan& plan);
 
 // ---- convolution ----------------------------------------------------------------------------
 

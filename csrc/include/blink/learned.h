@@ -63,8 +63,4 @@ struct LearnedResult {
 // roofline timeline) is unchanged.
 LearnedResult apply_unit_models(TraceCost& cost, const UnitModels& models, const GpuSpec& gpu);
 
-// Recomputes issues[].gpu_s, the timeline, end_to_end_s, host_s and gpu_busy_s from the units'
-// time_s (each unit's issue index as cost_trace set it).
-void retime_trace(TraceCost& cost);
-
 }  // namespace blink
