@@ -28,6 +28,16 @@ namespace py = pybind11;
 namespace blink {
 namespace {
 
+// The math settings every costing entry point takes from Python.
+FeatureOptions feature_options(bool allow_tf32_matmul, bool allow_tf32_cudnn,
+                               bool cudnn_benchmark) {
+  FeatureOptions o;
+  o.allow_tf32_matmul = allow_tf32_matmul;
+  o.allow_tf32_cudnn = allow_tf32_cudnn;
+  o.cudnn_benchmark = cudnn_benchmark;
+  return o;
+}
+
 py::tuple tensor_tuple(const TensorInfo& t) {
   py::tuple sizes(t.sizes.size());
   for (size_t i = 0; i < t.sizes.size(); ++i) sizes[i] = py::int_(t.sizes[i]);
@@ -453,10 +463,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              const std::string& host_time, double tracer_gap_overhead_s, double module_hook_s,
              double forward_mode_overhead_s, bool cudnn_benchmark,
              std::shared_ptr<const UnitModels> models, std::shared_ptr<const Gnn> gnn) {
-            FeatureOptions o;
-            o.allow_tf32_matmul = allow_tf32_matmul;
-            o.allow_tf32_cudnn = allow_tf32_cudnn;
-            o.cudnn_benchmark = cudnn_benchmark;
+            const FeatureOptions o =
+                feature_options(allow_tf32_matmul, allow_tf32_cudnn, cudnn_benchmark);
             HostOptions h;
             BLINK_CHECK(host_time == "table" || host_time == "measured" || host_time == "wall",
                         "host_time must be 'table', 'measured' or 'wall', not '" + host_time +
@@ -501,10 +509,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(
           "unit_graph",
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
-             std::shared_ptr<const UnitModels> models) {
-            FeatureOptions o;
-            o.allow_tf32_matmul = allow_tf32_matmul;
-            o.allow_tf32_cudnn = allow_tf32_cudnn;
+             std::shared_ptr<const UnitModels> models, bool cudnn_benchmark) {
+            const FeatureOptions o =
+                feature_options(allow_tf32_matmul, allow_tf32_cudnn, cudnn_benchmark);
             TraceCost c;
             LearnedResult lr;
             UnitGraph graph;
@@ -517,15 +524,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return graph_to_python(c, graph);
           },
           py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
-          py::arg("models") = nullptr,
+          py::arg("models") = nullptr, py::arg("cudnn_benchmark") = false,
           "The GNN's input: {x: units x node_features, edges: E x 2 (producer, consumer), "
           "g: graph features, op: unit op ids, node_features, graph_features}.")
       .def(
           "unit_model_inputs",
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn) {
-            FeatureOptions o;
-            o.allow_tf32_matmul = allow_tf32_matmul;
-            o.allow_tf32_cudnn = allow_tf32_cudnn;
+            const FeatureOptions o = feature_options(allow_tf32_matmul, allow_tf32_cudnn, false);
             TraceCost c;
             {
               py::gil_scoped_release release;
@@ -560,10 +565,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           // such as L2 residency included): what training reads.
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
              bool cudnn_benchmark) {
-            FeatureOptions o;
-            o.allow_tf32_matmul = allow_tf32_matmul;
-            o.allow_tf32_cudnn = allow_tf32_cudnn;
-            o.cudnn_benchmark = cudnn_benchmark;
+            const FeatureOptions o =
+                feature_options(allow_tf32_matmul, allow_tf32_cudnn, cudnn_benchmark);
             TraceCost c;
             {
               py::gil_scoped_release release;
@@ -630,9 +633,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(
           "compiled",
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn) {
-            FeatureOptions o;
-            o.allow_tf32_matmul = allow_tf32_matmul;
-            o.allow_tf32_cudnn = allow_tf32_cudnn;
+            const FeatureOptions o = feature_options(allow_tf32_matmul, allow_tf32_cudnn, false);
             TraceCost c;
             CompiledCost cc;
             {
@@ -742,7 +743,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "Unit kind names in code order (the numeric 'kind' feature is the index).");
   m.def("math_mode_names", []() {
     std::vector<std::string> out;
-    for (int k = 0; k <= static_cast<int>(MathMode::kOther); ++k)
+    // kTf32x3 is the enum's last value (it was added after kOther).
+    for (int k = 0; k <= static_cast<int>(MathMode::kTf32x3); ++k)
       out.emplace_back(math_mode_name(static_cast<MathMode>(k)));
     return out;
   }, "Math mode names in code order (the numeric 'math_mode' feature is the index).");
@@ -848,10 +850,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           std::vector<Arg> in, out;
           for (py::handle h : inputs) in.push_back(arg_from_python(h, op + " input"));
           for (py::handle h : outputs) out.push_back(arg_from_python(h, op + " output"));
-          FeatureOptions o;
-          o.allow_tf32_matmul = allow_tf32_matmul;
-          o.allow_tf32_cudnn = allow_tf32_cudnn;
-          o.cudnn_benchmark = cudnn_benchmark;
+          const FeatureOptions o =
+                feature_options(allow_tf32_matmul, allow_tf32_cudnn, cudnn_benchmark);
           UnitFeatures f = features_for(op, in, out, g, o);
           py::dict d = features_to_python(f);
           d["analytic_time_s"] = analytic_time_s(f, g);
