@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ def graph_feature_names() -> list[str]:
 
 
 def unit_graph(t: Any, gpu: Any, *, models: Any = None, allow_tf32_matmul: bool = False,
-               allow_tf32_cudnn: bool = True) -> dict[str, Any]:
+               allow_tf32_cudnn: bool = True, cudnn_benchmark: bool = False) -> dict[str, Any]:
     """The GNN's input for a Trace on `gpu`, built in C++ exactly as predict builds it: {x:
     float64 array units x node_features, edges: int64 array E x 2 (producer, consumer unit
     index), g: graph features, op: unit op ids, ...}. `models`: a blink.learned.LearnedModels
@@ -41,7 +42,8 @@ def unit_graph(t: Any, gpu: Any, *, models: Any = None, allow_tf32_matmul: bool 
     from .cost import core_gpu_spec
 
     um = models.unit_models if models is not None and models.forests else None
-    return t.native().unit_graph(core_gpu_spec(gpu), allow_tf32_matmul, allow_tf32_cudnn, um)
+    return t.native().unit_graph(core_gpu_spec(gpu), allow_tf32_matmul, allow_tf32_cudnn, um,
+                                 cudnn_benchmark)
 
 
 class UnitGNN(nn.Module):
@@ -68,9 +70,17 @@ class UnitGNN(nn.Module):
         self.head = nn.Linear(hidden, 1)
 
     def forward(self, x: torch.Tensor, edges: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        if n == 0:
+        if x.shape[0] == 0:
             return torch.zeros((), dtype=x.dtype)
+        seg = torch.zeros(x.shape[0], dtype=torch.int64)
+        return self.forward_batch(x, edges, g[None, :], seg)[0]
+
+    def forward_batch(self, x: torch.Tensor, edges: torch.Tensor, g: torch.Tensor,
+                      seg: torch.Tensor) -> torch.Tensor:
+        """forward() of B disjoint graphs at once (training): x holds every graph's nodes,
+        `edges` global node indices, g is B x graph_features, seg[i] the graph of node i (every
+        graph non-empty). Returns the B corrections."""
+        n, b = x.shape[0], g.shape[0]
         h = torch.relu(self.inp((x - self.node_mean) / self.node_std))
         src, dst = edges[:, 0].long(), edges[:, 1].long()
         ones = torch.ones(src.shape[0], dtype=x.dtype)
@@ -80,8 +90,13 @@ class UnitGNN(nn.Module):
             m_in = torch.zeros_like(h).index_add_(0, dst, h[src]) / indeg[:, None]
             m_out = torch.zeros_like(h).index_add_(0, src, h[dst]) / outdeg[:, None]
             h = torch.relu(layer.self(h) + layer.msg_in(m_in) + layer.msg_out(m_out))
-        r = torch.cat([h.mean(0), h.max(0).values, (g - self.graph_mean) / self.graph_std])
-        c = self.head(torch.relu(self.readout(r)))[0]
+        count = torch.zeros(b, dtype=x.dtype).index_add_(0, seg, torch.ones(n, dtype=x.dtype))
+        mean = torch.zeros(b, h.shape[1], dtype=x.dtype).index_add_(0, seg, h) / count[:, None]
+        # h >= 0 after the ReLU, so a zero start is the max of a non-empty graph (as in C++).
+        mx = torch.zeros(b, h.shape[1], dtype=x.dtype).scatter_reduce(
+            0, seg[:, None].expand(-1, h.shape[1]), h, reduce="amax", include_self=True)
+        r = torch.cat([mean, mx, (g - self.graph_mean) / self.graph_std], dim=1)
+        c = self.head(torch.relu(self.readout(r)))[:, 0]
         return c.clamp(self.clip[0], self.clip[1])
 
     def forward_graph(self, graph: dict[str, Any]) -> torch.Tensor:
@@ -92,17 +107,40 @@ class UnitGNN(nn.Module):
                     torch.as_tensor(graph["g"], dtype=dt))
 
 
-def save(model: UnitGNN, path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> None:
-    """Write the weights and their config as safetensors (what blink._C.load_gnn reads)."""
-    from safetensors.torch import save_file
+_ST_DTYPES = {torch.float32: "F32", torch.float64: "F64"}
 
+
+def save(model: UnitGNN, path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> None:
+    """Write the weights and their config as safetensors (what blink._C.load_gnn reads).
+
+    Written here rather than by safetensors.save_file, whose header orders the metadata by a
+    per-process hash: the same network must give the same bytes (blink train is deterministic).
+    The layout is the safetensors format: an 8-byte little-endian header length, a JSON header
+    (tensors by name with dtype, shape and data offsets, plus __metadata__), padded with spaces
+    to a multiple of 8, then the tensors' little-endian bytes in header order."""
+    if dtype not in _ST_DTYPES:
+        raise ValueError(f"dtype {dtype} is not one of {', '.join(map(str, _ST_DTYPES))}")
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
             "hidden": str(model.hidden), "layers": str(len(model.layers)),
             "clip": json.dumps(list(model.clip)),
             "node_features": json.dumps(node_feature_names()),
             "graph_features": json.dumps(graph_feature_names())}
-    save_file(tensors, os.fspath(path), metadata=meta)
+    header: dict[str, Any] = {"__metadata__": dict(sorted(meta.items()))}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        b = tensors[name].numpy().astype(tensors[name].numpy().dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(tensors[name].shape),
+                        "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.fspath(path), "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
 
 
 def load_native(path: str | os.PathLike[str]) -> Any:
