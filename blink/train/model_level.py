@@ -45,6 +45,7 @@ class ModelTable:
         self.analytic_ms = np.array([r["time_ms"] for r in rows])
         self.roofline_ms = np.array([r["lower_ms"] for r in rows])
         self.batch = np.array([r["batch"] for r in rows])
+        self.img_size = np.array([r["img_size"] for r in rows])
         self.X_base = np.array([[_base(r)[k] for k in BASELINE_FEATURES] for r in rows])
         self.X_corr = np.array([[_corr(r)[k] for k in CORRECTION_FEATURES] for r in rows])
 

@@ -91,25 +91,34 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def predict_row(r: dict[str, str]) -> dict[str, Any]:
-    """blink's prediction for one benchmark row (raises on a failed build, trace or param
-    mismatch)."""
+def build_model(name: str, batch: int, img: int,
+                want_params: float | None = None) -> tuple[Any, int]:
+    """(trace, param count) of the timm model `name` at random init on meta, traced at (batch,
+    3, img, img) as the benchmark ran it (AMP fp16 inference on the RTX 3090); raises ValueError
+    when its param count is more than PARAM_TOLERANCE off `want_params`."""
     import timm
     import torch
 
     from ..dryrun import trace_model
+
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False)
+    params = sum(p.numel() for p in model.parameters())
+    if want_params is not None and abs(params - want_params) > PARAM_TOLERANCE * want_params:
+        raise ValueError(f"param count {params / 1e6:.2f}M != benchmark {want_params / 1e6:.2f}M")
+    t = trace_model(model, input_shape=(batch, 3, img, img), batch_size=batch, gpu=GPU,
+                    dtype="amp-fp16", mode="inference")
+    return t, params
+
+
+def predict_row(r: dict[str, str], on_trace: Any = None) -> dict[str, Any]:
+    """blink's prediction for one benchmark row (raises on a failed build, trace or param
+    mismatch); on_trace(name, batch, img, trace) sees the trace of a kept row."""
     from ..predict import predict_trace
 
     name = r["model"]
     bs, img = int(r["infer_batch_size"]), int(r["infer_img_size"])
-    with torch.device("meta"):
-        model = timm.create_model(name, pretrained=False)
-    params = sum(p.numel() for p in model.parameters())
-    want = float(r["param_count"]) * 1e6
-    if abs(params - want) > PARAM_TOLERANCE * want:
-        raise ValueError(f"param count {params / 1e6:.2f}M != benchmark {want / 1e6:.2f}M")
-    t = trace_model(model, input_shape=(bs, 3, img, img), batch_size=bs, gpu=GPU,
-                    dtype="amp-fp16", mode="inference")
+    t, params = build_model(name, bs, img, float(r["param_count"]) * 1e6)
     # timm's benchmark.py sets cudnn.benchmark and matmul.allow_tf32 = True. The cache holds
     # the analytic prediction (the trees' input), with the deterministic host table (the
     # benchmark's host is not this CPU).
@@ -134,12 +143,16 @@ def predict_row(r: dict[str, str]) -> dict[str, Any]:
         out[f"t_{k}"] += u.time_ms
         out[f"r_{k}"] += u.roofline_ms
         out[f"n_{k}"] += 1
+    if on_trace is not None:  # only a row that is kept: the graphs stay aligned with the rows
+        on_trace(name, bs, img, t)
     return out
 
 
 def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFAULT_MAX_MODELS,
-                log: Any = sys.stderr) -> Path:
-    """Trace and predict the selected benchmark rows; write the cache and its provenance."""
+                log: Any = sys.stderr, on_trace: Any = None) -> Path:
+    """Trace and predict the selected benchmark rows; write the cache and its provenance.
+    on_trace(name, batch, img, trace) sees each kept row's trace (the graph cache is built in
+    the same pass by blink train --refresh-timm)."""
     import timm
     import torch
 
@@ -154,7 +167,7 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
     t0 = time.time()
     for i, r in enumerate(rows):
         try:
-            done.append(predict_row(r))
+            done.append(predict_row(r, on_trace))
         except Exception as exc:  # noqa: BLE001 - a model that cannot be rebuilt is skipped
             why = type(exc).__name__ + (": param count mismatch" if "param count" in str(exc)
                                         else "")
