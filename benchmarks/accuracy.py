@@ -5,7 +5,8 @@
 The same as `blink evaluate` (blink/train/evaluate.py says what each split holds out):
 per-unit kernels of the public NeuSight and DeepBench sets leave-one-GPU-out and above the
 trained batch sizes (roofline, analytic, trees), and whole timm models on an RTX 3090 with
-held-out families (roofline, analytic, whole-model baseline, model-level correction). MAPE,
+held-out families (roofline, analytic, trees, GNN, trees + GNN, whole-model baseline,
+model-level correction; each with its MAPE as a ratio of the roofline's). MAPE,
 median and p90 absolute percentage error, and the coverage of the 90% conformal intervals.
 Writes accuracy.txt, results.json and PNG figures to benchmarks/results/accuracy/.
 """

@@ -11,8 +11,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default=None, help="artifact folder (default models/)")
     ap.add_argument("--timm-cache", default=None,
                     help="model-level cache (default data/derived/timm_rtx3090_infer.csv.gz)")
+    ap.add_argument("--timm-graphs", default=None,
+                    help="the GNN's graph cache (default data/derived/timm_rtx3090_graphs.npz)")
     ap.add_argument("--refresh-timm", action="store_true",
-                    help="re-trace the timm models first (after cost-model changes; minutes)")
+                    help="re-trace the timm models: the model-level cache, then the graphs with "
+                    "the forests just fitted (after cost-model changes; about 20 minutes)")
     ap.add_argument("--rows-per-file", type=int, default=6000,
                     help="NeuSight bmm/linear rows per GPU file (default 6000)")
     ap.add_argument("--mixed-rows", type=int, default=None,
@@ -36,27 +39,25 @@ def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=120, help="boosting rounds (default 120, "
                     "blink.train.fit.NUM_ROUNDS)")
     ap.add_argument("--nthread", type=int, default=2, help="XGBoost threads (speed only)")
-    ap.add_argument("--model-trees", type=int, default=100,
-                    help="timm models re-traced to apply the per-unit forests (0: skip)")
+    ap.add_argument("--timm-graphs", default=None,
+                    help="the GNN's graph cache (default data/derived/timm_rtx3090_graphs.npz)")
+    ap.add_argument("--no-gnn", action="store_true",
+                    help="skip the GNN rows (10 GNN fits, a few minutes)")
     ap.add_argument("--no-figures", action="store_true")
 
 
 def run(a: argparse.Namespace) -> int:
-    from pathlib import Path
 
-    from .data import public_root
     from .fit import NUM_ROUNDS, set_threads
     from .pipeline import train
-    from .timm_cache import build_cache
 
     set_threads(a.nthread)
-    if a.refresh_timm:
-        build_cache(public_root(a.data), Path(a.timm_cache) if a.timm_cache else None)
     cmd = "blink train" + (f" --rows-per-file {a.rows_per_file}" if a.rows_per_file != 6000
                            else "") + (f" --mixed-rows {a.mixed_rows}" if a.mixed_rows else "")
     train(a.data, a.out, neusight_rows_per_file=a.rows_per_file,
           neusight_mixed_rows=a.mixed_rows,
-          rounds=a.rounds or NUM_ROUNDS, timm_cache=a.timm_cache, command=cmd)
+          rounds=a.rounds or NUM_ROUNDS, timm_cache=a.timm_cache, timm_graphs=a.timm_graphs,
+          refresh_timm=a.refresh_timm, command=cmd)
     return 0
 
 

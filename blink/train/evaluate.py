@@ -2,7 +2,9 @@
 batch sizes, with an ablation in one run.
 
 Per unit (NeuSight + DeepBench kernels), every number is for rows whose GPU chip the forest never
-saw (leave-one-GPU-out), or whose batch lies above every batch it was fitted on:
+saw (leave-one-GPU-out), or whose batch lies above every batch it was fitted on. NeuSight rows
+are kernel times: each GPU's CUDA-event floor is taken off and floor-dominated rows are dropped
+(blink.train.data.neusight_floors), as in training:
 
 - roofline: the unit's roofline time (blink::roofline_time_s);
 - analytic: blink's analytic time (blink::analytic_time_s), what predict uses without trees;
@@ -12,10 +14,14 @@ Intervals: the conformal q for a held-out GPU is calibrated without it (pair_q: 
 residuals under a forest fitted without that GPU and without the held-out one); for analytic, q
 is the quantile of the other GPUs' analytic residuals.
 
-Model level (timm-rtx3090, cached blink predictions): 5 folds of held-out name families;
-roofline (the predicted timeline's lower bound), analytic (blink.predict time_ms), the
-whole-model baseline (params, FLOPs, batch, image size) and the model-level correction; their q
-from out-of-fold residuals inside the training families only.
+Model level (timm-rtx3090, cached blink predictions and unit graphs): 5 folds of held-out name
+families; roofline (the predicted timeline's lower bound), analytic (blink.predict time_ms),
+trees (the timeline of the shipped forests' unit times: they never saw this GPU or these
+models), gnn (the GNN on the analytic graphs), trees+gnn (the GNN on the forests' graphs: what
+predict does on a GPU the GNN covers), the whole-model baseline (params, FLOPs, batch, image
+size) and the model-level correction forest. q: for analytic and trees, the quantile of the
+other folds' residuals; for the GNN, of the other folds' out-of-fold residuals; for the forests,
+out-of-fold inside the training families.
 """
 from __future__ import annotations
 
@@ -29,17 +35,20 @@ from typing import Any
 
 import numpy as np
 
+from . import gnn_fit
 from . import model_level as ml
 from .data import KindTable, load_units, public_root, shape_half, tables_by_kind
 from .fit import NUM_ROUNDS, conformal_q, fit_forest, group_folds, metrics, set_threads
 from .pipeline import COVERAGE, repo_root
 from .timm_cache import default_cache_path, load_cache
+from .timm_graphs import GraphSet, default_graphs_path, load_graphs
 from .units import MIN_ROWS, logo, pair_train_mask
 
 __all__ = ["evaluate", "main"]
 
 PREDICTORS_UNIT = ("roofline", "analytic", "trees")
-PREDICTORS_MODEL = ("roofline", "analytic", "baseline", "correction")
+PREDICTORS_MODEL = ("roofline", "analytic", "trees", "gnn", "trees+gnn", "baseline",
+                    "correction")
 # The batch-extrapolation split: rows above this quantile of their family's batch values are
 # the test set; the forest is fitted on the rest.
 BATCH_QUANTILE = 0.75
@@ -72,6 +81,33 @@ def table(title: str, rows: list[tuple[str, int, dict[str, dict[str, float]]]],
                   f"{_fmt(d.get('p90_ape')):>7} "
                   f"{'-' if cov is None or not math.isfinite(cov) else f'{100 * cov:.0f}%':>5}")
         lines.append(s)
+    return "\n".join(lines)
+
+
+def long_table(title: str, rows: list[tuple[str, int, dict[str, dict[str, float]]]],
+               predictors: tuple[str, ...]) -> str:
+    """One line per group and predictor (for many predictors): MAPE / median / p90 APE / cov,
+    and the ratio of each predictor's MAPE to the roofline's (the baseline) beside."""
+    head = (f"{'':<28} {'n':>5}  {'predictor':<11} {'MAPE':>6} {'med':>6} {'p90':>7} "
+            f"{'cov':>5} {'MAPE/roofline':>13}")
+    lines = [title, head, "-" * len(head)]
+    for name, n, m in rows:
+        base = m.get("roofline", {}).get("mape")
+        first = True
+        for p in predictors:
+            d = m.get(p)
+            if d is None:
+                continue
+            cov = d.get("coverage")
+            ratio = (d["mape"] / base if base and d.get("mape") is not None
+                     and math.isfinite(d["mape"]) else math.nan)
+            lines.append(
+                f"{name if first else '':<28} {n if first else '':>5}  {p:<11} "
+                f"{_fmt(d.get('mape')):>6} {_fmt(d.get('median_ape')):>6} "
+                f"{_fmt(d.get('p90_ape')):>7} "
+                f"{'-' if cov is None or not math.isfinite(cov) else f'{100 * cov:.0f}%':>5} "
+                f"{'-' if not math.isfinite(ratio) else f'{ratio:.2f}x':>13}")
+            first = False
     return "\n".join(lines)
 
 
@@ -147,20 +183,36 @@ def batch_split(t: KindTable, rounds: int, coverage: float) -> dict[str, Any] | 
 
 
 # -- model level ----------------------------------------------------------------------------
-def model_folds(mt: ml.ModelTable, coverage: float, k: int = 5) -> dict[str, np.ndarray]:
-    """Held-out-family predictions (and per-row q) of every model-level predictor."""
+def model_folds(mt: ml.ModelTable, coverage: float, k: int = 5, gs: GraphSet | None = None,
+                gnn: bool = True) -> dict[str, np.ndarray]:
+    """Held-out-family predictions (and per-row q) of every model-level predictor. With the
+    graph cache `gs`: trees (the shipped forests' timeline: they never saw this GPU or these
+    models) and, unless gnn=False, the GNN on the analytic and on the trees graphs."""
     n = len(mt)
     out = {p: np.full(n, math.nan) for p in PREDICTORS_MODEL}
     qs = {p: np.full(n, math.nan) for p in PREDICTORS_MODEL}
     out["roofline"] = mt.roofline_ms.copy()
     out["analytic"] = mt.analytic_ms.copy()
-    for test in group_folds(mt.family, k):
+    folds = group_folds(mt.family, k)
+    for test in folds:
         train = ~test
         qs["analytic"][test] = conformal_q(
             np.abs(np.log(mt.measured_ms[train] / mt.analytic_ms[train])), coverage)
         for p in ("baseline", "correction"):
             out[p][test] = ml.fit_predict(mt, p, train, test)
             qs[p][test] = ml.conformal_oof(mt, p, train, coverage, k=k - 1)
+    if gs is not None:
+        gi = gnn_fit.align(gs, mt.model, mt.batch, mt.img_size)
+        have = gi >= 0
+        out["trees"][have] = gs.end_to_end_ms("trees")[gi[have]]
+        for test in folds:
+            cal = ~test & have
+            qs["trees"][test] = conformal_q(
+                np.abs(np.log(mt.measured_ms[cal] / out["trees"][cal])), coverage)
+        for p, variant in (("gnn", "analytic"), ("trees+gnn", "trees")):
+            if gnn:
+                out[p] = gnn_fit.oof(gs, variant, gi, mt.measured_ms, folds)
+                qs[p] = gnn_fit.cross_conformal_q(out[p], mt.measured_ms, folds, coverage)
     out.update({f"q_{p}": q for p, q in qs.items()})
     return out
 
@@ -169,59 +221,14 @@ def _model_metrics(mt: ml.ModelTable, r: dict[str, np.ndarray], m: np.ndarray,
                    predictors: tuple[str, ...] = PREDICTORS_MODEL) -> dict[str, dict]:
     out = {}
     for p in predictors:
+        if not np.isfinite(r[p][m]).any():
+            continue
         d = metrics(r[p][m], mt.measured_ms[m])
         q = r.get(f"q_{p}")
         if q is not None and np.isfinite(q[m]).any():
             d["coverage"] = float(np.mean(np.abs(np.log(mt.measured_ms[m] / r[p][m])) <= q[m]))
         out[p] = d
     return out
-
-
-def model_trees(rows: list[dict[str, Any]], forests: dict[str, Any], n: int) -> dict[str, Any]:
-    """The per-unit forests applied through whole timm models: `n` cached models (every
-    len(rows)/n-th, by name) are re-traced; each unit of a kind with a forest gets
-    analytic * exp(forest), the others keep their analytic time, and the model's predicted time
-    is scaled by (corrected unit-time sum / analytic unit-time sum). The forests never saw an
-    RTX 3090 (nor AMP fp16 models), so this is a held-out-GPU number."""
-    import timm
-    import torch
-
-    from ..cost import trace_features
-    from ..dryrun import trace_model
-    from .data import feature_vector
-    from .timm_cache import GPU
-
-    picked = rows[:: max(1, len(rows) // max(n, 1))][:n]
-    out: dict[str, Any] = {"model": [], "trees_ms": [], "analytic_ms": [], "measured_ms": [],
-                           "batch": [], "family": []}
-    for r in picked:
-        bs, img = int(r["batch"]), int(r["img_size"])
-        with torch.device("meta"):
-            net = timm.create_model(r["model"], pretrained=False)
-        t = trace_model(net, input_shape=(bs, 3, img, img), batch_size=bs, gpu=GPU,
-                        dtype="amp-fp16", mode="inference")
-        feats = trace_features(t, GPU, allow_tf32_matmul=True, allow_tf32_cudnn=True)
-        s_a = s_t = 0.0
-        for f in feats:
-            a = float(f["analytic_time_s"])
-            if not math.isfinite(a):
-                continue
-            s_a += a
-            fo = forests.get(str(f["kind"]))
-            if fo is None:
-                s_t += a
-                continue
-            v = feature_vector(f, GPU)
-            x = np.array([[v.get(k, math.nan) for k in fo.features]])
-            s_t += a * float(np.exp(fo.predict_log_ratio(x))[0])
-        scale = s_t / s_a if s_a > 0 else 1.0
-        out["model"].append(r["model"])
-        out["family"].append(r["family"])
-        out["trees_ms"].append(r["time_ms"] * scale)
-        out["analytic_ms"].append(r["time_ms"])
-        out["measured_ms"].append(r["measured_ms"])
-        out["batch"].append(r["batch"])
-    return {k: np.array(v) for k, v in out.items()}
 
 
 # -- figures --------------------------------------------------------------------------------
@@ -273,11 +280,13 @@ def figure_units(tables: dict[str, KindTable], res: dict[str, dict], path: Path)
 
 def figure_models(mt: ml.ModelTable, r: dict[str, np.ndarray], path: Path) -> None:
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), squeeze=False)
+    colors = {"analytic": "tab:gray", "trees": "tab:green", "trees+gnn": "tab:purple",
+              "baseline": "tab:orange", "correction": "tab:blue"}
+    shown = [p for p in colors if p in r and np.isfinite(r[p]).all()]
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.4 * len(shown), 4.2), squeeze=False)
     meas = mt.measured_ms
-    for ax, p, c in zip(axes.flat, ("analytic", "baseline", "correction"),
-                        ("tab:gray", "tab:orange", "tab:blue"), strict=True):
-        ax.scatter(meas, r[p], s=5, alpha=0.5, c=c, rasterized=True)
+    for ax, p in zip(axes.flat, shown, strict=True):
+        ax.scatter(meas, r[p], s=5, alpha=0.5, c=colors[p], rasterized=True)
         lo, hi = float(meas.min()), float(meas.max())
         ax.plot([lo, hi], [lo, hi], "k-", lw=0.7)
         ax.set_xscale("log")
@@ -322,7 +331,9 @@ def figure_batch(tables: dict[str, KindTable], bres: dict[str, dict], mt: ml.Mod
     if mt is not None and mres is not None:
         ax = axes[0][1]
         bs = np.unique(mt.batch)
-        for p in ("analytic", "baseline", "correction"):
+        for p in ("analytic", "trees", "trees+gnn", "baseline", "correction"):
+            if not np.isfinite(mres[p]).all():
+                continue
             ape = np.abs(mres[p] - mt.measured_ms) / mt.measured_ms * 100
             ys = [float(np.median(ape[mt.batch == b])) for b in bs]
             ax.plot(bs, ys, marker="o", ms=3, label=p)
@@ -339,7 +350,8 @@ def figure_batch(tables: dict[str, KindTable], bres: dict[str, dict], mt: ml.Mod
 def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
              neusight_rows_per_file: int | None = 6000, neusight_mixed_rows: int | None = None,
              rounds: int = NUM_ROUNDS, timm_cache: str | Path | None = None, figures: bool = True,
-             coverage: float = COVERAGE, model_tree_models: int = 100,
+             coverage: float = COVERAGE, timm_graphs: str | Path | None = None,
+             gnn: bool = True,
              log: Any = sys.stderr) -> dict[str, Any]:
     """Run every split, print the tables, write results.json and the PNG figures."""
     t0 = time.time()
@@ -366,6 +378,11 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
 
     text: list[str] = []
     results: dict[str, Any] = {"coverage_nominal": coverage}
+    # Kinds whose forest blink train does not ship (models/card.json): their trees rows are the
+    # ablation's, not what predict uses.
+    card_path = repo_root() / "models" / "card.json"
+    not_shipped = (set(json.loads(card_path.read_text()).get("forests_not_shipped", {}))
+                   if card_path.is_file() else set())
     fam_rows, gpu_rows, kind_rows = [], [], []
     for k, t in tables.items():
         if k not in res:
@@ -384,7 +401,9 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
                 gpu_rows.append((f"{chip}:{ds.split('-')[0]}:{k}", int(m.sum()),
                                  _unit_metrics(t, res[k], m)))
     text.append(table("Per unit kind, leave-one-GPU-out (every row predicted by a forest that "
-                      "never saw its GPU chip)", kind_rows, PREDICTORS_UNIT))
+                      "never saw its GPU chip; NeuSight as kernel time, its event floor taken "
+                      "off)", [(k + (" (not shipped)" if k in not_shipped else ""), n, m)
+                               for k, n, m in kind_rows], PREDICTORS_UNIT))
     text.append(table("Per data-set family, leave-one-GPU-out", fam_rows, PREDICTORS_UNIT))
     text.append(table("Per held-out GPU chip, data set and unit kind (NeuSight: PyTorch 2.1 "
                       "FP32; DeepBench: cuBLAS/cuDNN 2016-19 fp32 + fp16 tensor cores)",
@@ -410,7 +429,11 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
     cache = Path(timm_cache) if timm_cache is not None else default_cache_path()
     if cache.is_file():
         mt = ml.table(load_cache(cache))
-        mres = model_folds(mt, coverage)
+        gpath = Path(timm_graphs) if timm_graphs is not None else default_graphs_path()
+        gs = load_graphs(gpath) if gpath.is_file() else None
+        if gs is None:
+            text.append(f"(no graph cache at {gpath}: trees and GNN model rows skipped)")
+        mres = model_folds(mt, coverage, gs=gs, gnn=gnn)
         allm = np.ones(len(mt), dtype=bool)
         m_rows = [("all held-out families", len(mt), _model_metrics(mt, mres, allm))]
         fams, counts = np.unique(mt.family, return_counts=True)
@@ -422,37 +445,32 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
         if rest.any():
             m_rows.append((f"other {len(order) - 15} families", int(rest.sum()),
                            _model_metrics(mt, mres, rest)))
-        text.append(table(f"timm-rtx3090 (AMP fp16 inference, RTX 3090), 5 folds of held-out "
-                          f"families ({len(set(mt.family.tolist()))} families)", m_rows,
-                          PREDICTORS_MODEL))
+        text.append(long_table(f"timm-rtx3090 (AMP fp16 inference, RTX 3090), 5 folds of "
+                               f"held-out families ({len(set(mt.family.tolist()))} families)",
+                               m_rows, PREDICTORS_MODEL))
         results["model_families"] = {n: m for n, _, m in m_rows}
         # Unseen batch sizes: fitted on the batch-1024 models, tested on every other batch.
         trn = mt.batch == 1024
         tst = ~trn
         if tst.sum() >= 10:
-            br = {"roofline": mt.roofline_ms, "analytic": mt.analytic_ms}
+            br = {"roofline": mt.roofline_ms, "analytic": mt.analytic_ms,
+                  "trees": mres["trees"]}
             for p in ("baseline", "correction"):
                 v = np.full(len(mt), math.nan)
                 v[tst] = ml.fit_predict(mt, p, trn, tst)
                 br[p] = v
+            if gs is not None and gnn:
+                gi = gnn_fit.align(gs, mt.model, mt.batch, mt.img_size)
+                br["trees+gnn"] = gnn_fit.oof(gs, "trees", gi, mt.measured_ms, [tst])
+            bpred = tuple(p for p in PREDICTORS_MODEL if p in br)
             bb_rows = [(f"batch {int(b)}", int((mt.batch == b).sum()),
-                        _model_metrics(mt, br, mt.batch == b))
+                        _model_metrics(mt, br, mt.batch == b, bpred))
                        for b in sorted(set(mt.batch[tst].tolist()))]
-            bb_rows.append(("all batch < 1024", int(tst.sum()), _model_metrics(mt, br, tst)))
-            text.append(table("timm-rtx3090, batch sizes not trained (fitted on batch 1024 "
-                              "only; no interval)", bb_rows, PREDICTORS_MODEL))
+            bb_rows.append(("all batch < 1024", int(tst.sum()),
+                            _model_metrics(mt, br, tst, bpred)))
+            text.append(long_table("timm-rtx3090, batch sizes not trained (fitted on batch "
+                                   "1024 only; no interval)", bb_rows, bpred))
             results["model_batch"] = {n: m for n, _, m in bb_rows}
-        if model_tree_models > 0:
-            finals = {k: fit_forest(t, rounds=rounds) for k, t in tables.items() if k in res}
-            mtr = model_trees(mt.rows, finals, model_tree_models)
-            meas = mtr["measured_ms"]
-            tr_rows = [(f"{len(meas)} re-traced models", len(meas),
-                        {"analytic": metrics(mtr["analytic_ms"], meas),
-                         "trees": metrics(mtr["trees_ms"], meas)})]
-            text.append(table("timm-rtx3090 through the per-unit forests (all public GPUs in "
-                              "training, RTX 3090 never): unit times corrected, model time "
-                              "scaled by their sum", tr_rows, ("analytic", "trees")))
-            results["model_unit_trees"] = {n: m for n, _, m in tr_rows}
         say(f"model level: {len(mt)} timm models evaluated")
     else:
         text.append(f"(no timm cache at {cache}: model-level rows skipped)")
@@ -497,7 +515,7 @@ def run(a: argparse.Namespace) -> int:
     evaluate(a.data, a.out, neusight_rows_per_file=a.rows_per_file,
              neusight_mixed_rows=a.mixed_rows, rounds=a.rounds,
              timm_cache=a.timm_cache, figures=not a.no_figures,
-             model_tree_models=a.model_trees)
+             timm_graphs=a.timm_graphs, gnn=not a.no_gnn)
     return 0
 
 
