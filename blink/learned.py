@@ -303,21 +303,44 @@ def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
     return models
 
 
-def conformal_interval(models: LearnedModels, time_ms: float) -> tuple[float, float, str] | None:
+def conformal_interval(models: LearnedModels, time_ms: float,
+                       predictor: str = "analytic") -> tuple[float, float, str] | None:
     """(lower_ms, upper_ms, method) of the end-to-end time from the conformal table's model-level
-    quantile, or None without one: time * exp(-q) .. time * exp(q)."""
+    quantile for `predictor` (what produced time_ms: "analytic", "trees", "trees+gnn", ...), or
+    None without one: time * exp(-q) .. time * exp(q). A predictor the table has no entry for
+    takes the top-level (analytic) entry, and the method says which predictor that was for."""
     c = models.conformal
     if c is None or not isinstance(c.get("model"), dict):
         return None
-    q = float(c["model"]["q"])
-    n = c["model"].get("n")
-    # The table may say which predictor's residuals it was calibrated on (blink train writes
-    # "analytic (blink.predict time_ms)" while no model-level correction is applied here).
-    of = c["model"].get("predictor")
+    e = c["model"]
+    by = e.get("by_predictor")
+    if isinstance(by, dict) and isinstance(by.get(predictor), dict):
+        e = by[predictor]
+    q = float(e["q"])
+    n = e.get("n")
+    of = e.get("predictor")
+    cal = e.get("calibration", c["calibration"])
     method = (f"{c['method']}: {100 * float(c['coverage']):.0f}% nominal coverage"
-              f"{'' if not of else f' for the {of} time'}, calibrated on {c['calibration']}"
+              f"{'' if not of else f' for the {of} time'}, calibrated on {cal}"
               f"{'' if n is None else f' (n={n})'} [{models.conformal_path}]")
     return time_ms * math.exp(-q), time_ms * math.exp(q), method
+
+
+def gnn_skip_reason(models: LearnedModels, gpu: str, mode: str) -> str | None:
+    """Why the GNN does not apply to a prediction on `gpu` in `mode`, or None when it does: it
+    corrects only what its card's applies_to covers (the GPUs and modes it was trained on), as
+    the end-to-end effects it learned are the training GPU's."""
+    if models.gnn is None:
+        return "no GNN"
+    a = (models.card.get("gnn") or {}).get("applies_to")
+    if not isinstance(a, dict):
+        return None
+    gpus, modes = a.get("gpus"), a.get("modes")
+    if isinstance(gpus, list) and gpus and gpu not in gpus:
+        return f"it was trained on {', '.join(map(str, gpus))} only"
+    if isinstance(modes, list) and modes and mode not in modes:
+        return f"it was trained on {', '.join(map(str, modes))} steps only"
+    return None
 
 
 def unit_quantile(models: LearnedModels, kind: str) -> float | None:

@@ -26,7 +26,13 @@ from .dryrun import trace_model
 from .errors import BlinkError, ConfigError
 from .hardware import GPUSpec, get_gpu
 from .hosttime import HOST_TIME_MODES, autocast_overhead_s, tracer_overhead
-from .learned import conformal_interval, load_models, models_dir, unit_quantile
+from .learned import (
+    conformal_interval,
+    gnn_skip_reason,
+    load_models,
+    models_dir,
+    unit_quantile,
+)
 from .trace import PHASES, RESIDENT_ROLES, Trace, _fmt_bytes, read_json_document
 
 FORMAT_VERSION = 1
@@ -135,13 +141,16 @@ class Prediction:
         """(op, module, phase, kind, wall ms, GPU ms, FLOPs) per unit, plus one row per
         host-only timeline entry. Wall ms splits the end-to-end time: each timeline entry owns
         the time by which it moves the step's completion (the later of host and GPU end so far),
-        shared among its units by GPU time; so the rows sum to time_ms exactly."""
+        shared among its units by GPU time; so the rows sum to time_ms exactly. An end-to-end
+        correction (the GNN's factor on the timeline) scales every share by the same factor."""
         shares: list[tuple[int, float, dict[str, Any]]] = []
         done = 0.0
         for e in self.timeline:  # time order
             end = max(done, e["host_end_s"], e["gpu_end_s"])
             shares.append((e["op_id"], (end - done) * 1e3, e))
             done = end
+        scale = self.time_ms / (done * 1e3) if done > 0 else 1.0
+        shares = [(i, ms * scale, e) for i, ms, e in shares]
         shares.sort(key=lambda x: x[0])
         ids = [x[0] for x in shares]
         members: list[list[UnitRow]] = [[] for _ in shares]
@@ -536,6 +545,12 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     native = t.native()
     unit_models = models.unit_models if models is not None and models.forests else None
     gnn = models.gnn if models is not None else None
+    if gnn is not None:
+        why = ("compiled mode re-times the fused kernels analytically" if compiled
+               else gnn_skip_reason(models, spec.name, str(t.meta.get("mode", ""))))
+        if why is not None:
+            gnn = None
+            notes.append(f"end-to-end GNN ({models.gnn_path}) not applied: {why}")
     used = host_time if t.has_timestamps else "table"
     if used != host_time:
         notes.append("the trace has no timestamps (format 2): host time from the table")
@@ -616,7 +631,11 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     lower_ms = min(lower_s * 1e3, time_ms)
     upper_ms = time_ms * _UPPER_FACTOR
     interval_method = INTERVAL_METHOD
-    conf = conformal_interval(models, time_ms) if models is not None else None
+    used_predictor = "+".join((["trees"] if by_trees else [])
+                              + (["gnn"] if gnn_c == gnn_c else [])) or "analytic"
+    # Compiled mode re-times the fused kernels analytically, so its interval is analytic's.
+    conf = (conformal_interval(models, time_ms, "analytic" if compiled else used_predictor)
+            if models is not None else None)
     if conf is not None:
         lower_ms, upper_ms, interval_method = conf
     smi = mem["peak_reserved_bytes"] + CUDA_CONTEXT_BYTES
@@ -646,8 +665,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         flops=float(sum(u.flops for u in units)), peak_flops=peak, peak_flops_kind=peak_kind,
         memory_by_category={k: by_cat.get(k, 0) for k in MEMORY_CATEGORIES},
         memory_curve=_memory_curve(mem["curve"], timeline), compiled=compiled,
-        predictor="+".join((["trees"] if by_trees else [])
-                           + (["gnn"] if gnn_c == gnn_c else [])) or "analytic",
+        predictor=used_predictor,
     )
 
 
