@@ -203,11 +203,16 @@ def _validate(d: Path) -> None:
     shipped, dropped = set(card["forests"]), set(card.get("forests_not_shipped", {}))
     assert {"gemm", "conv", "elementwise", "norm", "softmax"} <= shipped | dropped
     assert not shipped & dropped
+    # (overall, or on one of the data sets it learned from)
     for kind, why in card.get("forests_not_shipped", {}).items():
-        assert why["trees_mape"] >= why["analytic_mape"], kind
+        worse = [ds for ds, m in why.get("by_dataset", {}).items()
+                 if m["trees"]["mape"] >= m["analytic"]["mape"]]
+        assert why["trees_mape"] >= why["analytic_mape"] or worse, kind
     for kind, fc in card["forests"].items():
         m = fc["metrics"]
         assert m["trees"]["mape"] < m["analytic"]["mape"], kind
+        for ds, dm in m["by_dataset"].items():
+            assert dm["trees"]["mape"] < dm["analytic"]["mape"], (kind, ds)
         booster = xgboost.Booster()
         booster.load_model(str(d / fc["file"]))
         assert booster.num_features() == len(fc["features"])
@@ -273,9 +278,9 @@ def test_conformal_coverage_on_a_held_out_split_is_nominal(elem_table):
 
 
 def test_logo_trees_beat_analytic_on_held_out_gpus(small_tables):
-    # GEMM: the kind with the most cross-GPU rows (norm and softmax no longer gain over the
-    # analytic passes model, so the pipeline does not ship them)
-    t = small_tables["gemm"]
+    # Element-wise: a kind whose forest ships (GEMM's wins on NeuSight and loses on DeepBench,
+    # norm and softmax do not gain over the analytic passes model: none of them ships)
+    t = small_tables["elementwise"]
     lg = logo(t, rounds=30)
     assert np.all(np.isfinite(lg.pred_s))
     trees = F.metrics(lg.pred_s, t.measured_s)["mape"]
@@ -334,7 +339,7 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     assert card["command"] == "blink train --rows-per-file 150 --mixed-rows 300"
     assert {"gemm", "conv"} <= set(card["forests"]) | set(card["forests_not_shipped"])
     capsys.readouterr()
-    assert main(["evaluate", "--out", str(tmp_path / "e"), "--model-trees", "0", *args]) == 0
+    assert main(["evaluate", "--out", str(tmp_path / "e"), "--no-gnn", *args]) == 0
     text = capsys.readouterr().out
     for must in ("leave-one-GPU-out", "roofline", "analytic", "trees", "batch sizes above"):
         assert must in text
@@ -344,6 +349,16 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     assert 0 <= gemm["trees"]["coverage"] <= 1
     if CACHE.is_file():
         fam = res["model_families"]["all held-out families"]
-        assert set(fam) == {"roofline", "analytic", "baseline", "correction"}
+        graphs = CACHE.with_name("timm_rtx3090_graphs.npz").is_file()
+        assert set(fam) == {"roofline", "analytic", "baseline", "correction"} | (
+            {"trees"} if graphs else set())
     pngs = sorted(p.name for p in (tmp_path / "e").glob("*.png"))
     assert "unit_pred_vs_measured.png" in pngs and "error_vs_batch.png" in pngs
+
+
+def test_math_mode_encoding_is_the_cores():
+    """The forests see blink::MathMode's integer: training's order is the C++ enum's, all of it
+    (3xtf32 was added after 'other')."""
+    from blink._ext import load
+
+    assert tuple(load().math_mode_names()) == D.MATH_MODES

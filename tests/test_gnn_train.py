@@ -1,0 +1,243 @@
+"""The end-to-end GNN's training side: the timm graph cache (real timm models, traced), batched
+training that matches the single-graph and C++ forward passes, determinism, held-out-family
+intervals, the NeuSight event floor, and predict's use of the shipped models/gnn.safetensors."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from blink import gnn, learned
+from blink.train import gnn_fit
+from blink.train import model_level as ML
+from blink.train import timm_graphs as TG
+from blink.train.fit import conformal_q, group_folds
+from blink.train.timm_cache import default_cache_path, load_cache
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "models"
+GRAPHS = TG.default_graphs_path()
+
+needs_graphs = pytest.mark.skipif(not GRAPHS.is_file() or not default_cache_path().is_file(),
+                                  reason="no timm graph cache in data/derived")
+
+
+@pytest.fixture(scope="module")
+def graph_set() -> TG.GraphSet:
+    return TG.load_graphs(GRAPHS)
+
+
+@pytest.fixture(scope="module")
+def table() -> ML.ModelTable:
+    return ML.table(load_cache())
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    learned._CACHE.clear()
+    yield
+    learned._CACHE.clear()
+
+
+def test_graph_cache_round_trips_real_traces(tmp_path):
+    """Two real timm models traced into a cache: what load_graphs reconstructs from the compact
+    file is the C++ unit graph predict builds, both variants; a retrained forest makes the
+    cache stale, with an error that names the rebuild command."""
+    from blink.cost import core_gpu_spec
+    from blink.hardware import get_gpu
+
+    rows = [r for r in load_cache() if r["model"] in ("resnet18", "mobilenetv3_small_100")][:2]
+    assert len(rows) == 2
+    import csv
+    import gzip
+
+    cache = tmp_path / "c.csv.gz"
+    with gzip.open(cache, "wt", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    out = TG.build_graphs(MODELS, tmp_path / "g.npz", cache, log=None)
+    gs = TG.load_graphs(out, MODELS)
+    assert len(gs) == 2 and list(gs.model) == [r["model"] for r in rows]
+    models = learned.load_models(MODELS)
+    spec = core_gpu_spec(get_gpu("RTX3090"))
+    for i, r in enumerate(rows):
+        t, _ = TG.build_model(r["model"], int(r["batch"]), int(r["img_size"]))
+        a, b = gs.node_offsets[i], gs.node_offsets[i + 1]
+        ea, eb = gs.edge_offsets[i], gs.edge_offsets[i + 1]
+        for variant, um in (("analytic", None), ("trees", models.unit_models)):
+            ref = t.native().unit_graph(spec, True, True, um, True)
+            np.testing.assert_allclose(gs.x[variant][a:b], ref["x"], rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(gs.edges[ea:eb], ref["edges"])
+            np.testing.assert_allclose(gs.g[variant][i], ref["g"], rtol=1e-12)
+        # the analytic timeline is the cached analytic prediction of the same row
+        assert gs.end_to_end_ms("analytic")[i] == pytest.approx(r["time_ms"], rel=1e-4)
+    other = tmp_path / "m2"
+    other.mkdir()
+    card = json.loads((MODELS / "card.json").read_text())
+    for e in card["forests"].values():
+        (other / e["file"]).write_bytes((MODELS / e["file"]).read_bytes() + b" ")
+    (other / "card.json").write_text(json.dumps({"forests": card["forests"]}))
+    with pytest.raises(ValueError, match="built with other forests.*timm_graphs"):
+        TG.load_graphs(out, other)
+
+
+@needs_graphs
+def test_batched_forward_matches_single_graph_and_cpp(graph_set, tmp_path):
+    torch.manual_seed(3)
+    net = gnn.UnitGNN(hidden=16, layers=2, clip=(-5.0, 5.0))
+    idx = np.array([0, 7, 31])
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0.0, 0.2)
+        x = torch.from_numpy(graph_set.x["trees"][: graph_set.node_offsets[40]])
+        net.node_mean.copy_(x.mean(0))
+        net.node_std.copy_(x.std(0).clamp(min=0.1))
+    batched = gnn_fit.predict_log(net, graph_set, "trees", idx)
+    gnn.save(net, tmp_path / "n.safetensors")
+    native = gnn.load_native(tmp_path / "n.safetensors")
+    for j, i in enumerate(idx):
+        b = gnn_fit.batch(graph_set, "trees", np.array([i]))
+        with torch.no_grad():
+            single = float(net(b.x, b.edges, b.g[0]))
+        assert batched[j] == pytest.approx(single, abs=1e-5)
+        a, e = graph_set.node_offsets, graph_set.edge_offsets
+        ours = native.forward({"x": graph_set.x["trees"][a[i]:a[i + 1]].astype(np.float64),
+                               "edges": graph_set.edges[e[i]:e[i + 1]],
+                               "g": graph_set.g["trees"][i]})
+        assert ours == pytest.approx(single, abs=1e-5)
+    assert len(set(np.round(batched, 6))) == 3  # three different graphs, three answers
+
+
+@needs_graphs
+def test_gnn_training_is_deterministic_and_learns(graph_set, table, tmp_path):
+    gi = gnn_fit.align(graph_set, table.model, table.batch, table.img_size)
+    y = gnn_fit.targets(graph_set, "trees", gi, table.measured_ms)
+    train = np.zeros(len(graph_set), dtype=bool)
+    train[:48] = True
+    p = {"epochs": 6, "graphs_per_step": 16}
+    a = gnn_fit.fit_gnn(graph_set, "trees", y, train, p)
+    b = gnn_fit.fit_gnn(graph_set, "trees", y, train, p)
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
+    # and the same network is the same file, byte for byte
+    gnn.save(a, tmp_path / "a.safetensors")
+    gnn.save(b, tmp_path / "b.safetensors")
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    idx = np.flatnonzero(train)
+    fitted = gnn_fit.predict_log(a, graph_set, "trees", idx)
+    # on its own training graphs it must beat "no correction"
+    assert np.mean((fitted - y[idx]) ** 2) < np.mean(y[idx] ** 2)
+
+
+@needs_graphs
+def test_end_to_end_interval_covers_held_out_families(graph_set, table):
+    """Split conformal over whole timm families: q from four folds' residuals of the forests'
+    timeline covers the fifth fold's models within 3 points of 90%."""
+    gi = gnn_fit.align(graph_set, table.model, table.batch, table.img_size)
+    assert (gi >= 0).all()
+    pred = graph_set.end_to_end_ms("trees")[gi]
+    r = np.abs(np.log(table.measured_ms / pred))
+    hits = np.zeros(len(r), dtype=bool)
+    for test in group_folds(table.family, 5):
+        hits[test] = r[test] <= conformal_q(r[~test], 0.9)
+    assert abs(hits.mean() - 0.9) <= 0.03
+
+
+def test_neusight_floor_is_the_event_floor():
+    """Each NeuSight GPU's event floor is tens of microseconds, larger for nn.Linear (a module
+    call and addmm) than for a bare torch.bmm on every machine; exactly the rows under twice
+    their floor are dropped, the rest lose the floor, and DeepBench rows are left as measured."""
+    from blink.train import data as D
+
+    root = D.public_root()
+    floors: dict = {}
+    rows = D.load_units(root, neusight_rows_per_file=1500, neusight_mixed_rows=300,
+                        floors=floors)
+    gpus = {"A100-PCIe-40GB", "P100", "P4", "T4", "V100-PCIe"}
+    assert {g for g, _ in floors} == gpus
+    for g in gpus:
+        assert 10e-6 < floors[(g, "bmm")] < floors[(g, "linear")] < 100e-6, g
+        assert floors[(g, "ln")] == floors[(g, "bmm")]
+    raw = [r for r in D.load_neusight(root, 1500, 0, 300) if D._usable(r)]
+    kept = iter([r for r in rows if r.dataset == "neusight-train"])  # same order as raw
+    for r in raw:
+        f = floors[(r.gpu, r.family)]
+        if r.measured_s >= D.NEUSIGHT_FLOOR_KEEP * f:
+            k = next(kept)
+            assert (k.gpu, k.shape) == (r.gpu, r.shape)
+            assert k.measured_s == pytest.approx(r.measured_s - f, rel=1e-12)
+    assert next(kept, None) is None
+    db = [r for r in rows if r.dataset == "deepbench"]
+    assert db and [r.measured_s for r in db] == [
+        x.measured_s for x in D.load_deepbench(root) if D._usable(x)]
+
+
+shipped = pytest.mark.skipif(not (MODELS / "gnn.safetensors").is_file(),
+                             reason="models/ ships no GNN")
+
+
+@shipped
+def test_predict_applies_the_shipped_gnn_only_where_it_was_trained():
+    import blink
+
+    card = json.loads((MODELS / "card.json").read_text())
+    assert card["gnn"]["applies_to"]["gpus"] == ["RTX3090"]
+    t = blink.trace_model("timm:resnet18", batch_size=8, dtype="amp-fp16")
+    p = blink.predict_trace(t, "RTX3090")
+    assert p.predictor.endswith("gnn")
+    # the breakdown still splits the (corrected) end-to-end time exactly
+    for by in ("op", "module", "kind"):
+        assert sum(r.wall_ms for r in p.breakdown(by)) == pytest.approx(p.time_ms, rel=1e-9)
+    assert sum(r.gpu_ms for r in p.breakdown("op")) == pytest.approx(p.gpu_busy_ms, rel=1e-9)
+    assert "trees+gnn" in p.interval_method or "GNN" in p.interval_method
+    q = blink.predict_trace(t, "H100-SXM")
+    assert "gnn" not in q.predictor
+    assert any("GNN" in n and "not applied" in n and "RTX3090" in n for n in q.notes)
+    tr = blink.trace_model("timm:resnet18", batch_size=8, dtype="amp-fp16", mode="train")
+    r = blink.predict_trace(tr, "RTX3090")
+    assert "gnn" not in r.predictor
+    assert any("inference steps only" in n for n in r.notes)
+    # the correction is the shipped network's on the graph predict built
+    g = gnn.unit_graph(t, "RTX3090", models=learned.load_models(MODELS))
+    c = gnn.load_native(MODELS / "gnn.safetensors").forward(g)
+    assert p.time_ms == pytest.approx(math.exp(c) * np.expm1(g["g"][0]) / 1e3, rel=1e-6)
+
+
+def test_refresh_builds_cache_and_graphs_in_one_pass(tmp_path):
+    """blink train --refresh-timm traces each timm model once: the model-level rows and the
+    graphs come out aligned, and the graphs equal what build_graphs makes from those rows."""
+    from blink.train.data import public_root
+    from blink.train.timm_cache import build_cache
+
+    w = TG.GraphWriter(MODELS)
+    cache = build_cache(public_root(), tmp_path / "c.csv.gz", max_models=3, log=None,
+                        on_trace=w.add)
+    one = TG.load_graphs(w.write(tmp_path / "one.npz", cache, "test"), MODELS)
+    rows = load_cache(cache)
+    assert len(rows) == len(one) >= 2
+    cols = (np.array([r[k] for r in rows]) for k in ("model", "batch", "img_size"))
+    assert (gnn_fit.align(one, *cols) == np.arange(len(rows))).all()
+    two = TG.load_graphs(TG.build_graphs(MODELS, tmp_path / "two.npz", cache, log=None), MODELS)
+    np.testing.assert_array_equal(one.x["trees"], two.x["trees"])
+    np.testing.assert_array_equal(one.edges, two.edges)
+
+
+@needs_graphs
+def test_gnn_interval_covers_held_out_families(graph_set, table):
+    """The trees+GNN interval as blink train calibrates it (each fold's q from the other folds'
+    out-of-fold residuals), on a short training schedule: 90% +- 3 points of held-out families'
+    models fall inside, and the GNN beats the forests' timeline on them."""
+    gi = gnn_fit.align(graph_set, table.model, table.batch, table.img_size)
+    folds = group_folds(table.family, 5)
+    pred = gnn_fit.oof(graph_set, "trees", gi, table.measured_ms, folds, {"epochs": 6})
+    q = gnn_fit.cross_conformal_q(pred, table.measured_ms, folds, 0.9)
+    inside = np.abs(np.log(table.measured_ms / pred)) <= q
+    assert abs(inside.mean() - 0.9) <= 0.03
+    trees = graph_set.end_to_end_ms("trees")[gi]
+    ape = np.abs(pred / table.measured_ms - 1)
+    assert ape.mean() < np.abs(trees / table.measured_ms - 1).mean()
