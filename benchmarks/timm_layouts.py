@@ -1,0 +1,132 @@
+"""NCHW against channels-last: the same timm models, measured both ways on one RTX 3090.
+
+    .venv/bin/python benchmarks/timm_layouts.py [--models 60]
+
+timm-rtx3090 has AMP fp16 inference times of each model in NCHW and in channels_last (NHWC).
+The shipped GNN and the model-level cache saw NCHW only, so the NHWC rows are a held-out layout:
+they check the channels-last path (meta convolutions in CUDA's output format, NHWC convolution
+costs, the transposes Blink adds or drops) and whether the learned corrections carry over. For a
+deterministic sample of models present in both files at the same batch and image size (spread
+over families), prints MAPE / median / p90 per predictor and layout, each predictor's MAPE as a
+ratio of the roofline's, and the measured and predicted NHWC/NCHW speed-ups.
+
+Predictors: roofline (the timeline's lower bound), analytic (predictor="analytic") and blink
+(predictor="auto": the shipped forests and, on this GPU, the GNN). The GNN was fitted on every
+cached NCHW row, so blink's NCHW figures are in-sample (its held-out-family figures are blink
+evaluate's); its NHWC figures are for a layout it never saw.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from blink.train.data import public_root  # noqa: E402
+from blink.train.timm_cache import (  # noqa: E402
+    GPU,
+    PARAM_TOLERANCE,
+    read_benchmark,
+    select_models,
+)
+
+FILES = {"nchw": "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv.gz",
+         "nhwc": "benchmark-infer-amp-nhwc-pt240-cu124-rtx3090.csv.gz"}
+PREDICTORS = ("roofline", "analytic", "blink")
+
+
+def predict(name: str, batch: int, img: int, layout: str) -> dict[str, float]:
+    import timm
+    import torch
+
+    from blink.dryrun import trace_model
+    from blink.predict import predict_trace
+
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False)
+        x = torch.empty(batch, 3, img, img)
+    if layout == "nhwc":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.to(memory_format=torch.channels_last)
+    t = trace_model(model, x, gpu=GPU, dtype="amp-fp16", mode="inference")
+    kw = {"allow_tf32_matmul": True, "allow_tf32_cudnn": True, "cudnn_benchmark": True,
+          "host_time": "table"}
+    a = predict_trace(t, GPU, predictor="analytic", **kw)
+    b = predict_trace(t, GPU, predictor="auto", **kw)
+    return {"roofline": a.lower_ms, "analytic": a.time_ms, "blink": b.time_ms,
+            "blink_predictor": b.predictor}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", type=int, default=60)
+    a = ap.parse_args()
+    root = public_root() / "timm-rtx3090"
+    rows = {k: read_benchmark(root / f) for k, f in FILES.items()}
+    nhwc = {(r["model"], r["infer_img_size"], r["infer_batch_size"]): r for r in rows["nhwc"]}
+    both = [r for r in rows["nchw"]
+            if (r["model"], r["infer_img_size"], r["infer_batch_size"]) in nhwc]
+    picked = select_models(both, a.models)
+    t0 = time.time()
+    got: dict[str, dict[str, list[float]]] = {k: {p: [] for p in (*PREDICTORS, "measured")}
+                                             for k in FILES}
+    used: set[str] = set()
+    skipped = 0
+    for r in picked:
+        key = (r["model"], r["infer_img_size"], r["infer_batch_size"])
+        bs, img = int(r["infer_batch_size"]), int(r["infer_img_size"])
+        try:
+            import timm
+            import torch
+
+            with torch.device("meta"):
+                n = sum(p.numel() for p in timm.create_model(r["model"]).parameters())
+            want = float(r["param_count"]) * 1e6
+            if abs(n - want) > PARAM_TOLERANCE * want:
+                skipped += 1
+                continue
+            out = {k: predict(r["model"], bs, img, k) for k in FILES}
+        except Exception as exc:  # noqa: BLE001 - a model that cannot be rebuilt is skipped
+            print(f"skip {r['model']}: {type(exc).__name__}: {str(exc)[:100]}", file=sys.stderr)
+            skipped += 1
+            continue
+        for k, src in (("nchw", r), ("nhwc", nhwc[key])):
+            got[k]["measured"].append(float(src["infer_step_time"]))
+            for p in PREDICTORS:
+                got[k][p].append(out[k][p])
+            used.add(str(out[k]["blink_predictor"]))
+    n = len(got["nchw"]["measured"])
+    print(f"timm-rtx3090, AMP fp16 inference, {n} models in both layouts ({skipped} skipped), "
+          f"GPU {GPU}, {time.time() - t0:.0f} s; blink = predictor {', '.join(sorted(used))}")
+    print(f"{'layout':<7} {'predictor':<10} {'MAPE':>6} {'median':>7} {'p90':>6} "
+          f"{'MAPE/roofline':>14}")
+    for k in FILES:
+        meas = np.array(got[k]["measured"])
+        base = None
+        for p in PREDICTORS:
+            ape = np.abs(np.array(got[k][p]) - meas) / meas * 100
+            base = base if base is not None else ape.mean()
+            lab = k + ("*" if k == "nchw" and p == "blink" else "")
+            print(f"{lab:<7} {p:<10} {ape.mean():6.1f} {np.median(ape):7.1f} "
+                  f"{np.quantile(ape, 0.9):6.1f} {ape.mean() / base:13.2f}x")
+    print("* in-sample: the shipped GNN was fitted on these NCHW rows")
+    m = np.array(got["nchw"]["measured"]) / np.array(got["nhwc"]["measured"])
+    print(f"\nNHWC speed-up over NCHW (NCHW ms / NHWC ms), median over models: measured "
+          f"{np.median(m):.3f}", end="")
+    for p in PREDICTORS[1:]:
+        s = np.array(got["nchw"][p]) / np.array(got["nhwc"][p])
+        agree = np.mean(np.sign(np.log(s)) == np.sign(np.log(m)))
+        print(f", {p} {np.median(s):.3f} (same direction as measured for {100 * agree:.0f}%)",
+              end="")
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
