@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,8 @@ from blink.train.timm_cache import (  # noqa: E402
 FILES = {"nchw": "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv.gz",
          "nhwc": "benchmark-infer-amp-nhwc-pt240-cu124-rtx3090.csv.gz"}
 PREDICTORS = ("roofline", "analytic", "blink")
+# timm maps old names of these benchmark files to their current ones, with a warning each.
+warnings.filterwarnings("ignore", message="Mapping deprecated model name")
 
 
 def predict(name: str, batch: int, img: int, layout: str) -> dict[str, float]:

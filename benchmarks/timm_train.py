@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,8 @@ from blink.train.timm_cache import GPU, PARAM_TOLERANCE, read_benchmark, select_
 
 FILE = "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv.gz"
 PREDICTORS = ("roofline", "analytic", "blink")
+# timm maps old names of these benchmark files to their current ones, with a warning each.
+warnings.filterwarnings("ignore", message="Mapping deprecated model name")
 
 
 def main() -> int:
