@@ -12,7 +12,6 @@ exact vectors predict feeds the forests.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._ext import load
+from .collect.dataset import sha256_file
 from .errors import ArtifactError
 
 _C = load()
@@ -155,12 +155,9 @@ def _check_sha256(card: Path, path: Path, want: Any, what: str) -> None:
         return
     if not isinstance(want, str) or len(want) != 64:
         raise _fail(card, f"{what}: sha256 must be a 64-digit hex string")
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    if h.hexdigest() != want.lower():
-        raise _fail(path, f"sha256 {h.hexdigest()} differs from the card's {want} (the file was "
+    got = sha256_file(path)
+    if got != want.lower():
+        raise _fail(path, f"sha256 {got} differs from the card's {want} (the file was "
                           "changed or corrupted after training)")
 
 
@@ -327,11 +324,9 @@ def conformal_interval(models: LearnedModels, time_ms: float,
 
 
 def gnn_skip_reason(models: LearnedModels, gpu: str, mode: str) -> str | None:
-    """Why the GNN does not apply to a prediction on `gpu` in `mode`, or None when it does: it
+    """Why the loaded GNN does not apply on `gpu` in `mode`, or None when it does: it
     corrects only what its card's applies_to covers (the GPUs and modes it was trained on), as
     the end-to-end effects it learned are the training GPU's."""
-    if models.gnn is None:
-        return "no GNN"
     a = (models.card.get("gnn") or {}).get("applies_to")
     if not isinstance(a, dict):
         return None

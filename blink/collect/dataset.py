@@ -135,7 +135,9 @@ def _append_member(path: str, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def _sha256(path: str) -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The file's sha256, hex (read in 1 MiB blocks): the one hash helper for data and
+    artifacts (datasets here, blink.train's cards, blink.learned's checks)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -326,11 +328,11 @@ class DatasetWriter:
         for table, name in TABLES.items():
             fpath = os.path.join(self.path, name)
             files[name] = {"rows": self.rows[table], "bytes": os.path.getsize(fpath),
-                           "sha256": _sha256(fpath)}
+                           "sha256": sha256_file(fpath)}
         hist = os.path.join(self.path, HISTORY)
         if os.path.exists(hist):
             files[HISTORY] = {"rows": self.rows["history"], "bytes": os.path.getsize(hist),
-                              "sha256": _sha256(hist)}
+                              "sha256": sha256_file(hist)}
         self.prov["files"] = files
         self.prov["status"] = status
         self.prov["stop_reason"] = reason
@@ -447,7 +449,7 @@ def load_dataset(path: str, *, allow_partial: bool = False, verify: bool = True)
             if size < info["bytes"]:
                 raise DatasetError(f"{fpath} is truncated: {size} bytes, {PROVENANCE} records "
                                    f"{info['bytes']}. Copy the file again or re-collect.")
-            if size != info["bytes"] or _sha256(fpath) != info["sha256"]:
+            if size != info["bytes"] or sha256_file(fpath) != info["sha256"]:
                 raise DatasetError(f"{fpath} is corrupted: its SHA-256 differs from the one in "
                                    f"{PROVENANCE} (modified or damaged in transfer)")
     features = list(prov.get("feature_columns", []))

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import data_public
+from ..collect.dataset import sha256_file
 from ..cost import core_gpu_fields, tensor_arg, unit_features
 
 __all__ = [
@@ -106,14 +107,6 @@ def public_root(root: str | Path | None = None) -> Path:
         raise FileNotFoundError(f"{p}: no neusight-train/ folder; pass the shared/data/public "
                                 "folder that holds the public data sets")
     return p
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def dataset_files(root: Path) -> dict[str, list[Path]]:
@@ -261,6 +254,19 @@ def _deepbench_rows(path: Path) -> Iterable[dict[str, str]]:
         yield from csv.DictReader(fh)
 
 
+def _deepbench_training_rows(path: Path,
+                             known: dict[str, str]) -> Iterable[tuple[dict[str, str], str, float]]:
+    """(row, blink GPU name, time in us) of the DeepBench rows training uses: training-mode
+    fp32 / fp16-tensor-core rows on a GPU of the table, at least _DEEPBENCH_MIN_US long."""
+    for rec in _deepbench_rows(path):
+        if rec["mode"] != "train" or rec["precision"] not in ("fp32", "fp16_tc"):
+            continue
+        gpu = known.get(rec["gpu"])
+        t_us = float(rec["time_us"])
+        if gpu is not None and t_us >= _DEEPBENCH_MIN_US:
+            yield rec, gpu, t_us
+
+
 def load_deepbench(root: Path, gpus: Iterable[str] | None = None) -> list[UnitSample]:
     """DeepBench GEMM and convolution training rows in fp32 and fp16_tc on the GPUs the
     hardware table knows (DEEPBENCH_GPUS that resolve), costed by the C++ core."""
@@ -277,13 +283,7 @@ def load_deepbench(root: Path, gpus: Iterable[str] | None = None) -> list[UnitSa
         known = {c: n for c, n in known.items() if n in keep}
     out: list[UnitSample] = []
     db = root / "deepbench"
-    for rec in _deepbench_rows(db / "gemm.csv.gz"):
-        if rec["mode"] != "train" or rec["precision"] not in ("fp32", "fp16_tc"):
-            continue
-        gpu = known.get(rec["gpu"])
-        t_us = float(rec["time_us"])
-        if gpu is None or t_us < _DEEPBENCH_MIN_US:
-            continue
+    for rec, gpu, t_us in _deepbench_training_rows(db / "gemm.csv.gz", known):
         m, n, k = int(rec["m"]), int(rec["n"]), int(rec["k"])
         dtype = _F32 if rec["precision"] == "fp32" else _F16
         op, ins, outs = deepbench_gemm_op(m, n, k, rec["a_trans"], rec["b_trans"], dtype)
@@ -293,13 +293,7 @@ def load_deepbench(root: Path, gpus: Iterable[str] | None = None) -> list[UnitSa
                               f"{rec['b_trans']}", DEEPBENCH_GEMM_WEIGHT))
     ints = ("n", "c", "h", "w", "k", "r", "s", "pad_h", "pad_w", "stride_h", "stride_w",
             "out_h", "out_w")
-    for rec in _deepbench_rows(db / "conv.csv.gz"):
-        if rec["mode"] != "train" or rec["precision"] not in ("fp32", "fp16_tc"):
-            continue
-        gpu = known.get(rec["gpu"])
-        t_us = float(rec["time_us"])
-        if gpu is None or t_us < _DEEPBENCH_MIN_US:
-            continue
+    for rec, gpu, t_us in _deepbench_training_rows(db / "conv.csv.gz", known):
         r = {c: int(rec[c]) for c in ints}
         fp16 = rec["precision"] == "fp16_tc"
         op, ins, outs = deepbench_conv_op(r, rec["direction"], _F16 if fp16 else _F32, fp16)

@@ -77,7 +77,7 @@ def _std(a: np.ndarray) -> np.ndarray:
 
 
 def fit_gnn(gs: GraphSet, variant: str, target: np.ndarray, train: np.ndarray,
-            params: dict[str, Any] | None = None) -> Any:
+            params: dict[str, Any] | None = None, data: _Graphs | None = None) -> Any:
     """A UnitGNN fitted on graphs where `train` is True to `target` (log ratios)."""
     import torch
 
@@ -104,7 +104,7 @@ def fit_gnn(gs: GraphSet, variant: str, target: np.ndarray, train: np.ndarray,
         rng = np.random.default_rng(p["seed"])
         y_all = torch.from_numpy(target.astype(np.float32))
         step = int(p["graphs_per_step"])
-        data = _Graphs(gs, variant)
+        data = data or _Graphs(gs, variant)
         for _ in range(p["epochs"]):
             order = idx[rng.permutation(idx.size)]
             for s in range(0, order.size, step):
@@ -123,12 +123,12 @@ def fit_gnn(gs: GraphSet, variant: str, target: np.ndarray, train: np.ndarray,
 
 
 def predict_log(net: Any, gs: GraphSet, variant: str, idx: np.ndarray,
-                chunk: int = 64) -> np.ndarray:
+                chunk: int = 64, data: _Graphs | None = None) -> np.ndarray:
     """The network's log corrections of graphs `idx`."""
     import torch
 
     out = np.full(idx.size, math.nan)
-    data = _Graphs(gs, variant)
+    data = data or _Graphs(gs, variant)
     with torch.no_grad():
         for s in range(0, idx.size, chunk):
             sel = idx[s:s + chunk]
@@ -161,14 +161,15 @@ def oof(gs: GraphSet, variant: str, gi: np.ndarray, measured_ms: np.ndarray,
     y = targets(gs, variant, gi, measured_ms)
     base = gs.end_to_end_ms(variant)
     out = np.full(gi.size, math.nan)
+    data = _Graphs(gs, variant)  # the graphs' tensors, once for every fold
     for test in folds:
         train = np.zeros(len(gs), dtype=bool)
         train[gi[~test & (gi >= 0)]] = True
         rows = np.flatnonzero(test & (gi >= 0))
         if not rows.size or not train.any():
             continue
-        net = fit_gnn(gs, variant, y, train, params)
-        out[rows] = base[gi[rows]] * np.exp(predict_log(net, gs, variant, gi[rows]))
+        net = fit_gnn(gs, variant, y, train, params, data)
+        out[rows] = base[gi[rows]] * np.exp(predict_log(net, gs, variant, gi[rows], data=data))
     return out
 
 
