@@ -80,6 +80,17 @@ FORM_FACTORS = ("SXM", "PCIe")
 # constant (median APE of the analytic time on the training GPUs' bmm + linear rows).
 SUSTAINED_W_PER_TFLOP_16NM = 20.45
 BOOST_WINDOW_S = 1.0e-3
+# Tensor-core math draws far less energy per FLOP than FP32 FMAs on CUDA cores (one MMA
+# instruction does 64-512 multiply-adds with one operand fetch), so a board's power cap binds
+# tensor-core math at a higher clock: its demand is the dense FP16 tensor-core peak (FP32
+# accumulate) x TC_ENERGY_PER_FLOP in place of the FP32 peak. Fitted to the public DeepBench
+# fp16 tensor-core GEMM rows (shared/data/public/deepbench; cuBLAS, CUDA 10): the T4 (70 W, the
+# only power-capped tensor-core GPU there) against the V100 (300 W, holds boost) over kernels
+# longer than LONG_KERNEL_S, where the ratio rules: the constant that gives the T4 the V100's
+# median measured / analytic (so the kernel-efficiency model cancels). benchmarks/
+# sustained_logo.py prints the fit and the check the fit never saw: the RTX 3090's whole-model
+# timm times (shared/data/public/timm-rtx3090), which the FP32 rule had throttled to 0.87.
+TC_ENERGY_PER_FLOP = 0.094
 # Dynamic energy per FP32 operation relative to TSMC 16FF, from the foundries' published
 # iso-speed power reductions (estimates; the rule's weakest input beyond 12 nm, where no public
 # measurement here can check it): TSMC 12FFC "up to 25% lower power than 16FFC" (NVIDIA's
@@ -444,7 +455,8 @@ def _parse_gpu(raw: object, origin: str, index: int) -> GPUSpec:
     tdp_w = _positive_number(where, raw, "tdp_w")
     boost = _positive_number(where, raw, "boost_clock_mhz")
     fp32_ratio, tc_ratio, sustained_source = _sustained(
-        where, raw.get("sustained"), peaks["fp32"], tdp_w, boost, process
+        where, raw.get("sustained"), peaks["fp32"],
+        (peaks["fp16"] or peaks["bf16"]) if fp16_tc else None, tdp_w, boost, process
     )
     return GPUSpec(
         name=name,
@@ -492,25 +504,34 @@ def _sustained(
     where: _Where,
     raw: object,
     peak_fp32: float | None,
+    peak_tc: float | None,
     tdp_w: float,
     boost: float,
     process: str,
 ) -> tuple[float, float, str]:
     """(fp32 ratio, tensor-core ratio, source) of an entry: its "sustained" object where it
-    gives them, else the power rule (the same ratio for both maths: at the cap the clock is set
-    by board power, and no public tensor-core measurement here separates the two)."""
+    gives them, else the power rule: FP32 math at the FP32 peak's demand, tensor-core math at
+    the dense FP16 tensor-core peak x TC_ENERGY_PER_FLOP (`peak_tc` None: no tensor cores, the
+    FP32 ratio for both)."""
     rule = power_rule_ratio(peak_fp32 or 0.0, tdp_w, process)
+    tc_rule = (power_rule_ratio(peak_tc * TC_ENERGY_PER_FLOP, tdp_w, process)
+               if peak_tc else rule)
+
+    def what(r: float) -> str:
+        return "holds boost" if r >= 1.0 else f"{r:.3f} of boost = {r * boost:.0f} MHz"
+
     if process:
-        what = "holds boost" if rule >= 1.0 else f"{rule:.3f} of boost = {rule * boost:.0f} MHz"
+        tc = (f"; tensor cores: {peak_tc / 1e12:.1f} TFLOP/s x {TC_ENERGY_PER_FLOP:g} -> "
+              f"{what(tc_rule)}" if peak_tc else "")
         derived = (
             f"estimate: power rule (blink/hardware.py): {tdp_w:g} W, "
             f"{(peak_fp32 or 0.0) / 1e12:.2f} FP32 TFLOP/s at {boost:g} MHz, {process} "
-            f"(energy scale {PROCESS_ENERGY_SCALE[process]:g}) -> {what}"
+            f"(energy scale {PROCESS_ENERGY_SCALE[process]:g}) -> {what(rule)}{tc}"
         )
     else:
         derived = "no process given: assumed to hold boost (power rule not applied)"
     if raw is None:
-        return rule, rule, derived
+        return rule, tc_rule, derived
     if not isinstance(raw, dict):
         raise where.error(f"must be an object with {', '.join(_SUSTAINED_KEYS)}", "sustained")
     unknown = sorted(k for k in raw if k not in _SUSTAINED_KEYS and not k.startswith("_"))
@@ -520,10 +541,10 @@ def _sustained(
             "sustained",
         )
     ratios = []
-    for key in ("fp32_ratio", "tc_ratio"):
+    for key, default in (("fp32_ratio", rule), ("tc_ratio", tc_rule)):
         value = raw.get(key)
         if value is None:
-            ratios.append(rule)
+            ratios.append(default)
             continue
         if not _is_number(value) or not (0.0 < value <= 1.0):
             raise where.error(f"must be a number in (0, 1], got {value!r}", f"sustained.{key}")
