@@ -172,13 +172,45 @@ def test_matrix_vector_products_are_memory_bound(gpu, dt, item):
     assert g["analytic_time_s"] == pytest.approx(f["analytic_time_s"], rel=0.05)
 
 
-def test_tiny_batched_gemm_is_memory_bound():
-    # 196x4 @ 4x4 per matrix (a ViT-style tiny bmm): nothing for tensor-core tiles to do;
-    # the time is the bytes it moves.
-    b = 4096
-    f = mm(196, 4, 4, dt=F16, gpu="A100-40GB", batch=b)
-    floor = b * (196 * 4 + 4 * 4 + 196 * 4) * 2 / bw("A100-40GB")
-    assert floor <= f["analytic_time_s"] <= 2.0 * floor
+def test_skinny_batched_gemm_pays_whole_tiles_without_a_k_split():
+    # cublasGemmStridedBatchedEx (aten::bmm) has no GEMV / small-N kernel and no split-K: a
+    # batch of 300x995 @ 995x2 products runs tiled kernels, each batch entry paying whole tiles,
+    # where the same work as one tall GEMM (153600x995 @ 995x2) is a memory-bound GEMV.
+    b, m, k, n = 512, 300, 995, 2
+    batched = mm(m, k, n, gpu="V100-PCIe", batch=b)
+    single = mm(b * m, k, n, gpu="V100-PCIe")
+    assert batched["split_k"] == 1 and batched["tile_n"] >= 32
+    assert single["tile_n"] == n  # the GEMV path
+    assert batched["analytic_time_s"] > 1.3 * single["analytic_time_s"]
+    # Few, long tiles: a small batched GEMM with K = 1003 keeps K whole (8 CTAs on 80 SMs),
+    # where one GEMM of the same shape splits K to fill the GPU.
+    few = mm(63, 1003, 31, gpu="V100-PCIe", batch=8)
+    assert few["split_k"] == 1 and mm(63, 1003, 31, gpu="V100-PCIe")["split_k"] > 1
+
+
+def test_skinny_and_long_k_batched_gemms_match_neusight():
+    # The public NeuSight bmm rows whose single-GEMM plans would be a GEMV (min(M, N) <= 8) ran
+    # 4.4x slower than those plans on all five GPUs. Costed as tiled batched kernels they are
+    # still slower than the model says (a 2x2.. tile's loads are mostly idle lanes; not
+    # modelled), but no longer off by the GEMV's whole factor.
+    import statistics
+
+    from blink import data_public as dp
+
+    root = dp.data_dir()
+    if root is None:
+        pytest.skip("public NeuSight data not present (shared/data/public/neusight-train)")
+    rows = dp.load_family(root, "bmm", max_rows_per_file=3000, seed=0)
+    skinny, rest = [], []
+    for r in rows:
+        b, m, n, k = r.dims
+        f = dp.predict(r)
+        ratio = r.latency_s / f["analytic_time_s"]
+        if f["analytic_time_s"] < 3e-4:
+            continue  # short kernels carry NeuSight's per-call floor (25-50 us)
+        (skinny if min(m, n) <= 8 else rest).append(ratio)
+    assert len(skinny) >= 50 and len(rest) >= 1000
+    assert statistics.median(skinny) / statistics.median(rest) < 3.0
 
 
 # (Volta has no stream-K and its partial-wave step is real: left out.)

@@ -170,6 +170,15 @@ void plan_gemm_unit(UnitFeatures& f, const GpuSpec& g) {
   p.batch = static_cast<double>(std::max<int64_t>(f.batch, 1));
   p.mode = f.math_mode;
   p.dtype = f.dtype;
+  if (p.batch > 1.0) {
+    // aten::bmm / baddbmm run at::cuda::blas::bgemm -> cublasGemmStridedBatchedEx
+    // (aten/src/ATen/cuda/CUDABlas.cpp): one tiled GEMM kernel over the batch, with no split-K
+    // and no GEMV / small-N kernel for a skinny M or N, so each batch entry pays whole tiles.
+    // The public NeuSight bmm rows on all five GPUs show it: the shapes that the
+    // single-GEMM plans give a K split or a GEMV run 2.1x and 4.4x slower than those plans.
+    p.max_split = 1;
+    p.gemv_max_dim = 0;
+  }
   if (f.m <= 0 || f.n <= 0 || f.k <= 0) return;
   if (f.math_mode == MathMode::kOther) p.mode = MathMode::kFp32Simt;  // FP64 / integer GEMMs
   const GemmPlan plan = plan_gemm(p, g);

@@ -36,7 +36,8 @@ inline constexpr int kWgradSplitMax = 1024;
 // the SMs, so no partial last wave; the fix-up of shared tiles costs ~5%.
 inline constexpr double kStreamKEfficiency = 0.95;
 // A GEMM whose M or N is at most this runs cuBLAS's GEMV / small-N kernels (gemv, gemvx,
-// gemmSN): memory-bound, math on CUDA cores.
+// gemmSN): memory-bound, math on CUDA cores. A single GEMM only: strided-batched GEMMs
+// (aten::bmm) have neither this path nor split-K (plan_gemm_unit).
 inline constexpr int64_t kGemvMaxDim = 8;
 inline constexpr int64_t kConvGemvMaxDim = 4;
 // GEMV / skinny kernels: arithmetic at half of the FMA rate (dot-product reductions, shuffles).
