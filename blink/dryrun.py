@@ -274,6 +274,9 @@ def prepare(
         "dtype": dtype_key, "batch_size": batch_size, "seq_len": seq_len, "params": int(params),
         "optimizer": optimizer if mode == "train" else None,
         "torch_version": torch.__version__,
+        # The tensor inputs' shapes (the model-level correction reads an image input's side).
+        "input_shapes": [list(v.shape) for v in (*args, *kwargs.values())
+                         if isinstance(v, torch.Tensor)],
     }
     return Prepared(net, args, kwargs, labels, meta, amp_dtype)
 

@@ -85,6 +85,68 @@ def trace_input_rows(t: Any, gpu: Any, *, allow_tf32_matmul: bool = False,
     return t.native().unit_model_inputs(core_gpu_spec(gpu), allow_tf32_matmul, allow_tf32_cudnn)
 
 
+# ---- the model-level correction's inputs (forest_model.json) ---------------------------------
+# The unit kinds of a model summary, in the cache's column order (every other kind, such as
+# optimizer, counts as "other").
+MODEL_KINDS = ("gemm", "conv", "attention", "norm", "softmax", "reduction", "elementwise",
+               "embedding", "copy", "other")
+CORRECTION_FEATURES = (["log_analytic_ms", "log_roofline_ms", "log_host_ms", "gpu_bound",
+                        "log_flops", "log_bytes", "log_params", "batch", "img_size",
+                        "n_units"] + [f"share_{k}" for k in MODEL_KINDS] +
+                       [f"eff_{k}" for k in ("gemm", "conv", "elementwise", "norm")])
+
+
+def model_summary(p: Any) -> dict[str, Any]:
+    """The whole-model fields of an analytic Prediction `p` (host time from the table) that the
+    model-level correction reads: times, FLOPs, bytes and per-kind sums of its units. The timm
+    cache (blink.train.timm_cache) stores exactly these per model; predict builds them the same
+    way, so training and prediction see one definition."""
+    out: dict[str, Any] = {
+        "time_ms": p.time_ms, "host_ms": p.host_ms, "gpu_busy_ms": p.gpu_busy_ms,
+        "n_units": len(p.units), "flops": sum(u.flops for u in p.units),
+        "bytes": sum(u.bytes for u in p.units), "roofline_ms": sum(u.roofline_ms for u in p.units),
+    }
+    for k in MODEL_KINDS:
+        out[f"t_{k}"] = 0.0
+        out[f"r_{k}"] = 0.0
+        out[f"n_{k}"] = 0
+    for u in p.units:
+        k = u.kind if u.kind in MODEL_KINDS else "other"
+        out[f"t_{k}"] += u.time_ms
+        out[f"r_{k}"] += u.roofline_ms
+        out[f"n_{k}"] += 1
+    return out
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else math.nan
+
+
+def correction_features(r: dict[str, Any]) -> dict[str, float]:
+    """CORRECTION_FEATURES of a model: its model_summary() plus "params", "batch" and
+    "img_size" (the input's side; NaN for a model without an image input)."""
+    busy = sum(r[f"t_{k}"] for k in MODEL_KINDS) or 1.0
+    d = {"log_analytic_ms": _log(r["time_ms"]), "log_roofline_ms": _log(r["roofline_ms"]),
+         "log_host_ms": _log(r["host_ms"]), "gpu_bound": float(r["gpu_busy_ms"] >= r["host_ms"]),
+         "log_flops": _log(r["flops"]), "log_bytes": _log(r["bytes"]),
+         "log_params": _log(r["params"]), "batch": float(r["batch"]),
+         "img_size": float(r["img_size"]), "n_units": float(r["n_units"])}
+    for k in MODEL_KINDS:
+        d[f"share_{k}"] = r[f"t_{k}"] / busy
+    for k in ("gemm", "conv", "elementwise", "norm"):
+        # roofline / analytic of the kind: how far from its roofline the analytic model put it
+        d[f"eff_{k}"] = r[f"r_{k}"] / r[f"t_{k}"] if r[f"t_{k}"] > 0 else math.nan
+    return d
+
+
+def image_side(input_shapes: Any) -> float:
+    """The side of a model's image input (the first 4-D input's height), NaN without one."""
+    for s in input_shapes or []:
+        if isinstance(s, list | tuple) and len(s) == 4:
+            return float(s[2])
+    return math.nan
+
+
 @dataclass(frozen=True)
 class ForestEntry:
     kind: str
@@ -107,6 +169,12 @@ class LearnedModels:
     conformal_path: Path | None = None
     gnn_path: Path | None = None
     gnn: Any = None  # blink._C.Gnn when gnn_path is set
+    # The model-level correction blended with the GNN's time (card gnn.blend), where the GNN
+    # applies: time = trees+gnn^w * correction^(1-w).
+    model_forest: Any = None  # blink._C.Forest
+    model_forest_path: Path | None = None
+    model_clip: tuple[float, float] = (-3.0, 3.0)
+    blend_weight: float = 1.0
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -297,7 +365,54 @@ def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
         except _C.Error as exc:  # names the file and what is wrong
             raise ArtifactError(f"{exc}. Retrain with `blink train` (predict(..., "
                                 "predictor='analytic') skips the models).") from exc
+    blend = (gnn or {}).get("blend") if models.gnn is not None else None
+    if blend is not None:
+        _load_blend(models, d, card_path, card, blend)
     return models
+
+
+def _load_blend(models: LearnedModels, d: Path, card_path: Path, card: dict[str, Any],
+                blend: Any) -> None:
+    if not isinstance(blend, dict):
+        raise _fail(card_path, "gnn.blend must be an object {weight_gnn, model_level}")
+    w = _number(card_path, blend.get("weight_gnn"), "gnn.blend.weight_gnn")
+    if not 0.0 <= w <= 1.0:
+        raise _fail(card_path, f"gnn.blend.weight_gnn {w} is not in [0, 1]")
+    ml = card.get("model_level")
+    if not isinstance(ml, dict):
+        raise _fail(card_path, "gnn.blend needs the 'model_level' entry it blends with")
+    if ml.get("features") != CORRECTION_FEATURES:
+        raise _fail(card_path, "model_level.features differ from the inputs this blink computes "
+                               "(blink.learned.CORRECTION_FEATURES)")
+    clip = ml.get("clip", [-3.0, 3.0])
+    if not isinstance(clip, list) or len(clip) != 2:
+        raise _fail(card_path, "model_level: 'clip' must be [lo, hi]")
+    path = _artifact_path(d, card_path, ml.get("file"), "model_level")
+    _check_sha256(card_path, path, ml.get("sha256"), "model_level")
+    try:
+        forest = _C.load_forest(str(path))
+    except _C.Error as exc:
+        raise ArtifactError(f"{exc}. Retrain with `blink train` (predict(..., "
+                            "predictor='analytic') skips the models).") from exc
+    if forest.num_features != len(CORRECTION_FEATURES):
+        raise _fail(path, f"{forest.num_features} inputs; the model-level correction takes "
+                          f"{len(CORRECTION_FEATURES)}")
+    models.model_forest, models.model_forest_path = forest, path
+    models.model_clip = (_number(card_path, clip[0], "model_level.clip"),
+                         _number(card_path, clip[1], "model_level.clip"))
+    models.blend_weight = w
+
+
+def model_correction_ms(models: LearnedModels, summary: dict[str, Any]) -> float:
+    """The model-level correction's time for a model: analytic time_ms x exp(clipped forest
+    output) on correction_features(summary)."""
+    import numpy as np
+
+    f = correction_features(summary)
+    x = np.array([[f[k] for k in CORRECTION_FEATURES]], dtype=np.float64)
+    lo, hi = models.model_clip
+    margin = float(models.model_forest.predict(x, True)[0])
+    return float(summary["time_ms"]) * math.exp(min(hi, max(lo, margin)))
 
 
 def conformal_interval(models: LearnedModels, time_ms: float,

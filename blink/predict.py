@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from math import exp
+from math import exp, log, nan
 from typing import Any, NamedTuple
 
 import torch
@@ -29,7 +29,10 @@ from .hosttime import HOST_TIME_MODES, autocast_overhead_s, tracer_overhead
 from .learned import (
     conformal_interval,
     gnn_skip_reason,
+    image_side,
     load_models,
+    model_correction_ms,
+    model_summary,
     models_dir,
     unit_quantile,
 )
@@ -486,6 +489,26 @@ def _memory_curve(curve: list[tuple[int, int, int, int]],
 CURVE_POINTS = 512
 
 
+class _CostSummary:
+    """The fields of an analytic Prediction that learned.model_summary reads, straight from a
+    cost() result (no Prediction is built for the blend's analytic timeline)."""
+
+    def __init__(self, cost: dict[str, Any]) -> None:
+        self.time_ms = cost["end_to_end_s"] * 1e3
+        self.host_ms = cost["host_s"] * 1e3
+        self.gpu_busy_ms = cost["gpu_busy_s"] * 1e3
+        self.units = [_UnitSum(u[1], u[2] * 1e3, u[3] * 1e3, u[4], u[5] + u[6])
+                      for u in cost["units"]]
+
+
+class _UnitSum(NamedTuple):
+    kind: str
+    time_ms: float
+    roofline_ms: float
+    flops: float
+    bytes: float
+
+
 def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | None = None,
                   allow_tf32_matmul: bool | None = None,
                   allow_tf32_cudnn: bool | None = None,
@@ -611,6 +634,23 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                          "dispatch_s": dispatch_s})
     time_ms = cost["end_to_end_s"] * 1e3
     host_s, gpu_busy_s, lower_s = cost["host_s"], cost["gpu_busy_s"], cost["lower_bound_s"]
+    blended = False
+    if gnn_c == gnn_c and models is not None and models.model_forest is not None:
+        # Where the GNN applies, its time is blended with the model-level correction's (card
+        # gnn.blend: held-out-family errors of the two are partly independent). The correction
+        # reads the analytic timeline's summary with table host time, as it was trained.
+        ana = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, "table",
+                          cudnn_benchmark=cudnn_benchmark)
+        summary = {**model_summary(_CostSummary(ana)), "params": t.meta.get("params") or 0,
+                   "batch": t.meta.get("batch_size") or nan,
+                   "img_size": image_side(t.meta.get("input_shapes"))}
+        corr_ms = model_correction_ms(models, summary)
+        w = models.blend_weight
+        gnn_ms = time_ms
+        time_ms = exp(w * log(gnn_ms) + (1.0 - w) * log(corr_ms))
+        blended = True
+        notes.append(f"end-to-end time {gnn_ms:.3f} ms (GNN) ^ {w:g} x {corr_ms:.3f} ms "
+                     f"(model-level correction, {models.model_forest_path}) ^ {1.0 - w:g}")
     skip: list[int] = []
     if compiled:
         from .compile import compiled_units
@@ -632,7 +672,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     upper_ms = time_ms * _UPPER_FACTOR
     interval_method = INTERVAL_METHOD
     used_predictor = "+".join((["trees"] if by_trees else [])
-                              + (["gnn"] if gnn_c == gnn_c else [])) or "analytic"
+                              + (["gnn"] if gnn_c == gnn_c else [])
+                              + (["model"] if blended else [])) or "analytic"
     # Compiled mode re-times the fused kernels analytically, so its interval is analytic's.
     conf = (conformal_interval(models, time_ms, "analytic" if compiled else used_predictor)
             if models is not None else None)

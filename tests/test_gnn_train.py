@@ -189,7 +189,7 @@ def test_predict_applies_the_shipped_gnn_only_where_it_was_trained():
     assert card["gnn"]["applies_to"]["gpus"] == ["RTX3090"]
     t = blink.trace_model("timm:resnet18", batch_size=8, dtype="amp-fp16")
     p = blink.predict_trace(t, "RTX3090")
-    assert p.predictor.endswith("gnn")
+    assert p.predictor == ("trees+gnn+model" if "blend" in card["gnn"] else "trees+gnn")
     # the breakdown still splits the (corrected) end-to-end time exactly
     for by in ("op", "module", "kind"):
         assert sum(r.wall_ms for r in p.breakdown(by)) == pytest.approx(p.time_ms, rel=1e-9)
@@ -202,10 +202,53 @@ def test_predict_applies_the_shipped_gnn_only_where_it_was_trained():
     r = blink.predict_trace(tr, "RTX3090")
     assert "gnn" not in r.predictor
     assert any("inference steps only" in n for n in r.notes)
-    # the correction is the shipped network's on the graph predict built
+    # the correction is the shipped network's on the graph predict built ...
     g = gnn.unit_graph(t, "RTX3090", models=learned.load_models(MODELS))
     c = gnn.load_native(MODELS / "gnn.safetensors").forward(g)
-    assert p.time_ms == pytest.approx(math.exp(c) * np.expm1(g["g"][0]) / 1e3, rel=1e-6)
+    gnn_ms = math.exp(c) * np.expm1(g["g"][0]) / 1e3
+    if "blend" not in card["gnn"]:
+        assert p.time_ms == pytest.approx(gnn_ms, rel=1e-6)
+        return
+    # ... blended with the model-level correction, which xgboost itself evaluates here on the
+    # features the training table builds from the analytic prediction's summary
+    xgb = pytest.importorskip("xgboost")
+    a = blink.predict_trace(t, "RTX3090", predictor="analytic", host_time="table")
+    row = {**learned.model_summary(a), "params": t.meta["params"], "batch": 8, "img_size": 224}
+    x = np.array([[learned.correction_features(row)[k] for k in ML.CORRECTION_FEATURES]])
+    booster = xgb.Booster(model_file=str(MODELS / card["model_level"]["file"]))
+    margin = booster.predict(xgb.DMatrix(x, missing=math.nan,
+                                         feature_names=list(ML.CORRECTION_FEATURES)))[0]
+    corr_ms = a.time_ms * math.exp(float(np.clip(margin, *card["model_level"]["clip"])))
+    w = card["gnn"]["blend"]["weight_gnn"]
+    assert p.time_ms == pytest.approx(gnn_ms ** w * corr_ms ** (1 - w), rel=1e-5)
+    assert min(gnn_ms, corr_ms) <= p.time_ms <= max(gnn_ms, corr_ms)
+    assert "trees+gnn+model" in p.interval_method or "model-level" in p.interval_method
+
+
+def test_model_level_features_are_the_training_tables():
+    """What predict feeds the model-level correction for a timm model is what blink train fitted
+    it on: the cached row of the same model, batch and image size, re-traced here."""
+    from blink.train import timm_cache
+
+    rows = [r for r in load_cache() if r["model"] in ("resnet18", "resnet26", "resnet34")]
+    assert rows, "no small ResNet in the timm cache"
+    r = rows[0]
+    t, params = timm_cache.build_model(r["model"], int(r["batch"]), int(r["img_size"]))
+    a = blink_predict_analytic(t)
+    live = {**learned.model_summary(a), "params": t.meta["params"],
+            "batch": t.meta["batch_size"], "img_size": learned.image_side(t.meta["input_shapes"])}
+    assert params == t.meta["params"]
+    want, got = learned.correction_features(r), learned.correction_features(live)
+    for k in ML.CORRECTION_FEATURES:
+        assert got[k] == pytest.approx(want[k], rel=1e-4, nan_ok=True), k
+
+
+def blink_predict_analytic(t):
+    import blink
+
+    # the cache's settings: timm's benchmark.py (cudnn.benchmark, TF32 on), table host time
+    return blink.predict_trace(t, "RTX3090", allow_tf32_matmul=True, allow_tf32_cudnn=True,
+                               cudnn_benchmark=True, host_time="table", predictor="analytic")
 
 
 def test_refresh_builds_cache_and_graphs_in_one_pass(tmp_path):

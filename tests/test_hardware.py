@@ -753,11 +753,15 @@ def test_cli_gpus_lists_power_and_sustained_ratio(capsys):
 
     assert main(["gpus"]) == 0
     out = capsys.readouterr().out
-    assert "sustained" in out.splitlines()[0] and " W " in out.splitlines()[0]
-    line = next(x for x in out.splitlines() if x.startswith("RTX-PRO-6000-Max-Q"))
-    assert " 300 " in line
-    assert float(line.split()[-1]) == pytest.approx(
-        hardware.get_gpu("RTX-PRO-6000-Max-Q").sustained_fp32_ratio, abs=0.006)
+    head = out.splitlines()[0].split()
+    assert head[-3:] == ["W", "fp32", "tc"]
+    for name in ("RTX-PRO-6000-Max-Q", "T4"):
+        line = next(x for x in out.splitlines() if x.startswith(name)).split()
+        g = hardware.get_gpu(name)
+        assert float(line[-3]) == g.tdp_w
+        assert float(line[-2]) == pytest.approx(g.sustained_fp32_ratio, abs=0.006)
+        assert float(line[-1]) == pytest.approx(g.sustained_tc_ratio, abs=0.006)
+    assert "tensor-core" in out.splitlines()[-1]
 
 
 def test_core_spec_carries_the_sustained_ratios_and_checks_them():

@@ -17,9 +17,10 @@ is the quantile of the other GPUs' analytic residuals.
 Model level (timm-rtx3090, cached blink predictions and unit graphs): 5 folds of held-out name
 families; roofline (the predicted timeline's lower bound), analytic (blink.predict time_ms),
 trees (the timeline of the shipped forests' unit times: they never saw this GPU or these
-models), gnn (the GNN on the analytic graphs), trees+gnn (the GNN on the forests' graphs: what
-predict does on a GPU the GNN covers), the whole-model baseline (params, FLOPs, batch, image
-size) and the model-level correction forest. q: for analytic and trees, the quantile of the
+models), gnn (the GNN on the analytic graphs), trees+gnn (the GNN on the forests' graphs),
+trees+gnn+model (trees+gnn blended with the model-level correction: what predict does on a GPU
+the GNN covers), the whole-model baseline (params, FLOPs, batch, image size) and the model-level
+correction forest. q: for analytic and trees, the quantile of the
 other folds' residuals; for the GNN, of the other folds' out-of-fold residuals; for the forests,
 out-of-fold inside the training families.
 """
@@ -39,7 +40,7 @@ from . import gnn_fit
 from . import model_level as ml
 from .data import KindTable, load_units, public_root, shape_half, tables_by_kind
 from .fit import NUM_ROUNDS, conformal_q, fit_forest, group_folds, metrics, set_threads
-from .pipeline import COVERAGE, repo_root
+from .pipeline import BLEND_WEIGHT_GNN, COVERAGE, repo_root
 from .timm_cache import default_cache_path, load_cache
 from .timm_graphs import GraphSet, default_graphs_path, load_graphs
 from .units import MIN_ROWS, logo, pair_train_mask
@@ -47,8 +48,8 @@ from .units import MIN_ROWS, logo, pair_train_mask
 __all__ = ["evaluate", "main"]
 
 PREDICTORS_UNIT = ("roofline", "analytic", "trees")
-PREDICTORS_MODEL = ("roofline", "analytic", "trees", "gnn", "trees+gnn", "baseline",
-                    "correction")
+PREDICTORS_MODEL = ("roofline", "analytic", "trees", "gnn", "trees+gnn", "trees+gnn+model",
+                    "baseline", "correction")
 # The batch-extrapolation split: rows above this quantile of their family's batch values are
 # the test set; the forest is fitted on the rest.
 BATCH_QUANTILE = 0.75
@@ -213,6 +214,13 @@ def model_folds(mt: ml.ModelTable, coverage: float, k: int = 5, gs: GraphSet | N
             if gnn:
                 out[p] = gnn_fit.oof(gs, variant, gi, mt.measured_ms, folds)
                 qs[p] = gnn_fit.cross_conformal_q(out[p], mt.measured_ms, folds, coverage)
+        if gnn:
+            # What predict ships where the GNN applies (card gnn.blend): the geometric blend.
+            w = BLEND_WEIGHT_GNN
+            out["trees+gnn+model"] = np.exp(w * np.log(out["trees+gnn"])
+                                            + (1.0 - w) * np.log(out["correction"]))
+            qs["trees+gnn+model"] = gnn_fit.cross_conformal_q(out["trees+gnn+model"],
+                                                             mt.measured_ms, folds, coverage)
     out.update({f"q_{p}": q for p, q in qs.items()})
     return out
 
@@ -281,7 +289,7 @@ def figure_units(tables: dict[str, KindTable], res: dict[str, dict], path: Path)
 def figure_models(mt: ml.ModelTable, r: dict[str, np.ndarray], path: Path) -> None:
     plt = _plt()
     colors = {"analytic": "tab:gray", "trees": "tab:green", "trees+gnn": "tab:purple",
-              "baseline": "tab:orange", "correction": "tab:blue"}
+              "trees+gnn+model": "tab:red", "baseline": "tab:orange", "correction": "tab:blue"}
     shown = [p for p in colors if p in r and np.isfinite(r[p]).all()]
     fig, axes = plt.subplots(1, len(shown), figsize=(4.4 * len(shown), 4.2), squeeze=False)
     meas = mt.measured_ms
@@ -462,6 +470,9 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
             if gs is not None and gnn:
                 gi = gnn_fit.align(gs, mt.model, mt.batch, mt.img_size)
                 br["trees+gnn"] = gnn_fit.oof(gs, "trees", gi, mt.measured_ms, [tst])
+                w = BLEND_WEIGHT_GNN
+                br["trees+gnn+model"] = np.exp(w * np.log(br["trees+gnn"])
+                                               + (1.0 - w) * np.log(br["correction"]))
             bpred = tuple(p for p in PREDICTORS_MODEL if p in br)
             bb_rows = [(f"batch {int(b)}", int((mt.batch == b).sum()),
                         _model_metrics(mt, br, mt.batch == b, bpred))

@@ -15,16 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from ..learned import CORRECTION_FEATURES, correction_features
 from .fit import CLIP, conformal_q, group_folds, xgb
-from .timm_cache import KINDS
 
 __all__ = ["BASELINE_FEATURES", "CORRECTION_FEATURES", "ModelTable", "fit_predict", "table"]
 
 BASELINE_FEATURES = ["log_params", "log_flops", "batch", "img_size"]
-CORRECTION_FEATURES = (["log_analytic_ms", "log_roofline_ms", "log_host_ms", "gpu_bound",
-                        "log_flops", "log_bytes", "log_params", "batch", "img_size",
-                        "n_units"] + [f"share_{k}" for k in KINDS] +
-                       [f"eff_{k}" for k in ("gemm", "conv", "elementwise", "norm")])
 
 MODEL_PARAMS: dict[str, Any] = {
     "objective": "reg:squarederror", "tree_method": "hist", "max_depth": 3, "eta": 0.05,
@@ -47,7 +43,8 @@ class ModelTable:
         self.batch = np.array([r["batch"] for r in rows])
         self.img_size = np.array([r["img_size"] for r in rows])
         self.X_base = np.array([[_base(r)[k] for k in BASELINE_FEATURES] for r in rows])
-        self.X_corr = np.array([[_corr(r)[k] for k in CORRECTION_FEATURES] for r in rows])
+        self.X_corr = np.array([[f[k] for k in CORRECTION_FEATURES]
+                                for f in map(correction_features, rows)])
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -60,21 +57,6 @@ def _log(x: float) -> float:
 def _base(r: dict[str, Any]) -> dict[str, float]:
     return {"log_params": _log(r["params"]), "log_flops": _log(r["flops"]),
             "batch": r["batch"], "img_size": r["img_size"]}
-
-
-def _corr(r: dict[str, Any]) -> dict[str, float]:
-    busy = sum(r[f"t_{k}"] for k in KINDS) or 1.0
-    d = {"log_analytic_ms": _log(r["time_ms"]), "log_roofline_ms": _log(r["roofline_ms"]),
-         "log_host_ms": _log(r["host_ms"]), "gpu_bound": float(r["gpu_busy_ms"] >= r["host_ms"]),
-         "log_flops": _log(r["flops"]), "log_bytes": _log(r["bytes"]),
-         "log_params": _log(r["params"]), "batch": r["batch"], "img_size": r["img_size"],
-         "n_units": r["n_units"]}
-    for k in KINDS:
-        d[f"share_{k}"] = r[f"t_{k}"] / busy
-    for k in ("gemm", "conv", "elementwise", "norm"):
-        # roofline / analytic of the kind: how far from its roofline the analytic model put it
-        d[f"eff_{k}"] = r[f"r_{k}"] / r[f"t_{k}"] if r[f"t_{k}"] > 0 else math.nan
-    return d
 
 
 def table(rows: list[dict[str, Any]]) -> ModelTable:

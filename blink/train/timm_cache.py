@@ -28,14 +28,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..learned import MODEL_KINDS, model_summary
+
 __all__ = ["CACHE_NAME", "KINDS", "build_cache", "family_of", "load_cache", "select_models"]
 
 CACHE_NAME = "timm_rtx3090_infer.csv.gz"
 SOURCE_FILE = "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv.gz"
 GPU = "RTX 3090"
 # Unit kinds whose time sums are cached (blink::unit_kind_name), in column order.
-KINDS = ("gemm", "conv", "attention", "norm", "softmax", "reduction", "elementwise",
-         "embedding", "copy", "other")
+KINDS = MODEL_KINDS
 # Weight-source prefixes that are not architecture names (tf_efficientnet is efficientnet).
 _SOURCE_PREFIX = re.compile(r"^(?:tf|gluon|legacy|ig|ssl|swsl|tv|hf)_")
 PARAM_TOLERANCE = 0.01
@@ -129,20 +130,8 @@ def predict_row(r: dict[str, str], on_trace: Any = None) -> dict[str, Any]:
         "measured_ms": float(r["infer_step_time"]), "param_count_m": float(r["param_count"]),
         "params": params, "gmacs": float(r["infer_gmacs"] or "nan"),
         "macts_m": float(r["infer_macts"] or "nan"),
-        "time_ms": p.time_ms, "lower_ms": p.lower_ms, "host_ms": p.host_ms,
-        "gpu_busy_ms": p.gpu_busy_ms, "n_units": len(p.units),
-        "flops": sum(u.flops for u in p.units), "bytes": sum(u.bytes for u in p.units),
-        "roofline_ms": sum(u.roofline_ms for u in p.units),
+        "time_ms": p.time_ms, "lower_ms": p.lower_ms, **model_summary(p),
     }
-    for k in KINDS:
-        out[f"t_{k}"] = 0.0
-        out[f"r_{k}"] = 0.0
-        out[f"n_{k}"] = 0
-    for u in p.units:
-        k = u.kind if u.kind in KINDS else "other"
-        out[f"t_{k}"] += u.time_ms
-        out[f"r_{k}"] += u.roofline_ms
-        out[f"n_{k}"] += 1
     if on_trace is not None:  # only a row that is kept: the graphs stay aligned with the rows
         on_trace(name, bs, img, t)
     return out
