@@ -89,7 +89,8 @@ def long_table(title: str, rows: list[tuple[str, int, dict[str, dict[str, float]
                predictors: tuple[str, ...]) -> str:
     """One line per group and predictor (for many predictors): MAPE / median / p90 APE / cov,
     and the ratio of each predictor's MAPE to the roofline's (the baseline) beside."""
-    head = (f"{'':<28} {'n':>5}  {'predictor':<11} {'MAPE':>6} {'med':>6} {'p90':>7} "
+    pw = max([len("predictor"), *map(len, predictors)]) + 1
+    head = (f"{'':<28} {'n':>5}  {'predictor':<{pw}} {'MAPE':>6} {'med':>6} {'p90':>7} "
             f"{'cov':>5} {'MAPE/roofline':>13}")
     lines = [title, head, "-" * len(head)]
     for name, n, m in rows:
@@ -103,7 +104,7 @@ def long_table(title: str, rows: list[tuple[str, int, dict[str, dict[str, float]
             ratio = (d["mape"] / base if base and d.get("mape") is not None
                      and math.isfinite(d["mape"]) else math.nan)
             lines.append(
-                f"{name if first else '':<28} {n if first else '':>5}  {p:<11} "
+                f"{name if first else '':<28} {n if first else '':>5}  {p:<{pw}} "
                 f"{_fmt(d.get('mape')):>6} {_fmt(d.get('median_ape')):>6} "
                 f"{_fmt(d.get('p90_ape')):>7} "
                 f"{'-' if cov is None or not math.isfinite(cov) else f'{100 * cov:.0f}%':>5} "
