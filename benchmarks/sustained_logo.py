@@ -26,9 +26,10 @@ The constants shipped in blink/hardware.py are the fit on all five GPUs (printed
    than LONG_KERNEL_S, where the sustained ratio rules: the grid value that gives the 70 W T4
    the median log(measured / analytic) of the 300 W V100, which holds boost (the analytic
    kernel model is common to both, so its bias cancels). Checked on what the fit never saw:
-   the RTX 3090's whole-model AMP timm times (shared/data/public/timm-rtx3090), through the
-   cached analytic timelines in data/derived, as the median measured / analytic with the FP32
-   rule's tensor-core ratio (the old rule) and with the new one.
+   the RTX 3090's whole-model AMP timm times (shared/data/public/timm-rtx3090): the median
+   measured / analytic of the cached analytic timelines in data/derived (built with the
+   hardware table of the commit their provenance names) beside the ratios the shipped rule
+   gives the board. `blink evaluate` reports the held-out-family MAPE of the same timelines.
 """
 from __future__ import annotations
 
