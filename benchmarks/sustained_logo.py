@@ -164,15 +164,10 @@ def _median(v: list[float]) -> float:
 
 
 def _log_ratios(rows: list, spec: hardware.GPUSpec, tc_ratio: float) -> list[float]:
-    from blink import data_deepbench as db
-
+    """log(measured / analytic) of (time_s, (op, inputs, outputs)) rows at `tc_ratio`."""
     core = core_gpu_spec(dataclasses.replace(spec, sustained_tc_ratio=tc_ratio))
-    out = []
-    for r in rows:
-        op, ins, outs = db.map_row(r)
-        t = _C.features_for(op, ins, outs, core, False, False, True)["analytic_time_s"]
-        out.append(math.log(r.time_s / t))
-    return out
+    return [math.log(time_s / _C.features_for(*op, core, False, False, True)["analytic_time_s"])
+            for time_s, op in rows]
 
 
 def tensor_core_fit() -> None:
@@ -182,11 +177,12 @@ def tensor_core_fit() -> None:
     if root is None:
         print("DeepBench data not found: tensor-core fit skipped", file=sys.stderr)
         return
-    rows = [r for r in db.load(root, "gemm")
+    # Each row mapped to its ATen op once; the grid search re-costs the ops only.
+    rows = [(r.gpu, (r.time_s, db.map_row(r))) for r in db.load(root, "gemm")
             if r.precision == "fp16_tc" and r.time_s >= LONG_KERNEL_S]
     t4, v100 = hardware.get_gpu("T4"), hardware.get_gpu("V100")
-    t4_rows = [r for r in rows if r.gpu == t4.name]
-    v100_rows = [r for r in rows if r.gpu == v100.name]
+    t4_rows = [r for g, r in rows if g == t4.name]
+    v100_rows = [r for g, r in rows if g == v100.name]
     target = _median(_log_ratios(v100_rows, v100, v100.sustained_tc_ratio))
     best = min(TC_GRID, key=lambda e: abs(_median(_log_ratios(t4_rows, t4, _tc_ratio(t4, e)))
                                           - target))

@@ -86,8 +86,8 @@ BOOST_WINDOW_S = 1.0e-3
 # accumulate) x TC_ENERGY_PER_FLOP in place of the FP32 peak. Fitted to the public DeepBench
 # fp16 tensor-core GEMM rows (shared/data/public/deepbench; cuBLAS, CUDA 10): the T4 (70 W, the
 # only power-capped tensor-core GPU there) against the V100 (300 W, holds boost) over kernels
-# longer than LONG_KERNEL_S, where the ratio rules: the constant that gives the T4 the V100's
-# median measured / analytic (so the kernel-efficiency model cancels). benchmarks/
+# of >= 3 ms (sustained_logo.LONG_KERNEL_S), where the ratio rules: the constant that gives
+# the T4 the V100's median measured / analytic (so the kernel-efficiency model cancels). benchmarks/
 # sustained_logo.py prints the fit and the check the fit never saw: the RTX 3090's whole-model
 # timm times (shared/data/public/timm-rtx3090), which the FP32 rule had throttled to 0.87.
 TC_ENERGY_PER_FLOP = 0.094

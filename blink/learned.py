@@ -403,6 +403,14 @@ def _load_blend(models: LearnedModels, d: Path, card_path: Path, card: dict[str,
     models.blend_weight = w
 
 
+def blend_ms(gnn_ms: Any, corr_ms: Any, weight_gnn: float) -> Any:
+    """The shipped end-to-end blend (card gnn.blend): gnn_ms^w x corr_ms^(1 - w), for numbers
+    or numpy arrays (training and evaluation blend out-of-fold vectors with it)."""
+    import numpy as np
+
+    return np.exp(weight_gnn * np.log(gnn_ms) + (1.0 - weight_gnn) * np.log(corr_ms))
+
+
 def model_correction_ms(models: LearnedModels, summary: dict[str, Any]) -> float:
     """The model-level correction's time for a model: analytic time_ms x exp(clipped forest
     output) on correction_features(summary)."""

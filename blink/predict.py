@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from math import exp, log, nan
+from math import exp, nan
 from typing import Any, NamedTuple
 
 import torch
@@ -27,6 +27,7 @@ from .errors import BlinkError, ConfigError
 from .hardware import GPUSpec, get_gpu
 from .hosttime import HOST_TIME_MODES, autocast_overhead_s, tracer_overhead
 from .learned import (
+    blend_ms,
     conformal_interval,
     gnn_skip_reason,
     image_side,
@@ -647,7 +648,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         corr_ms = model_correction_ms(models, summary)
         w = models.blend_weight
         gnn_ms = time_ms
-        time_ms = exp(w * log(gnn_ms) + (1.0 - w) * log(corr_ms))
+        time_ms = float(blend_ms(gnn_ms, corr_ms, w))
         blended = True
         notes.append(f"end-to-end time {gnn_ms:.3f} ms (GNN) ^ {w:g} x {corr_ms:.3f} ms "
                      f"(model-level correction, {models.model_forest_path}) ^ {1.0 - w:g}")

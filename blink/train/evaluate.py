@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ..learned import blend_ms
 from . import gnn_fit
 from . import model_level as ml
 from .data import KindTable, load_units, public_root, shape_half, tables_by_kind
@@ -217,9 +218,8 @@ def model_folds(mt: ml.ModelTable, coverage: float, k: int = 5, gs: GraphSet | N
                 qs[p] = gnn_fit.cross_conformal_q(out[p], mt.measured_ms, folds, coverage)
         if gnn:
             # What predict ships where the GNN applies (card gnn.blend): the geometric blend.
-            w = BLEND_WEIGHT_GNN
-            out["trees+gnn+model"] = np.exp(w * np.log(out["trees+gnn"])
-                                            + (1.0 - w) * np.log(out["correction"]))
+            out["trees+gnn+model"] = blend_ms(out["trees+gnn"], out["correction"],
+                                              BLEND_WEIGHT_GNN)
             qs["trees+gnn+model"] = gnn_fit.cross_conformal_q(out["trees+gnn+model"],
                                                              mt.measured_ms, folds, coverage)
     out.update({f"q_{p}": q for p, q in qs.items()})
@@ -471,9 +471,8 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
             if gs is not None and gnn:
                 gi = gnn_fit.align(gs, mt.model, mt.batch, mt.img_size)
                 br["trees+gnn"] = gnn_fit.oof(gs, "trees", gi, mt.measured_ms, [tst])
-                w = BLEND_WEIGHT_GNN
-                br["trees+gnn+model"] = np.exp(w * np.log(br["trees+gnn"])
-                                               + (1.0 - w) * np.log(br["correction"]))
+                br["trees+gnn+model"] = blend_ms(br["trees+gnn"], br["correction"],
+                                                 BLEND_WEIGHT_GNN)
             bpred = tuple(p for p in PREDICTORS_MODEL if p in br)
             bb_rows = [(f"batch {int(b)}", int((mt.batch == b).sum()),
                         _model_metrics(mt, br, mt.batch == b, bpred))

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..learned import blend_ms
 from . import model_level as ml
 from .data import (
     MATH_MODES,
@@ -387,7 +388,7 @@ def _blend(card: dict[str, Any], by: dict[str, Any], p_gnn: np.ndarray, p_corr: 
     from .gnn_fit import cross_conformal_q
 
     w = BLEND_WEIGHT_GNN
-    p = np.exp(w * np.log(p_gnn) + (1.0 - w) * np.log(p_corr))
+    p = blend_ms(p_gnn, p_corr, w)
     m = metrics(p[ok], meas[ok])
     q = conformal_q(np.abs(np.log(meas[ok] / p[ok])), COVERAGE)
     held_q = cross_conformal_q(np.where(ok, p, math.nan), meas, folds, COVERAGE)

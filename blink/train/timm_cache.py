@@ -130,6 +130,7 @@ def predict_row(r: dict[str, str], on_trace: Any = None) -> dict[str, Any]:
         "measured_ms": float(r["infer_step_time"]), "param_count_m": float(r["param_count"]),
         "params": params, "gmacs": float(r["infer_gmacs"] or "nan"),
         "macts_m": float(r["infer_macts"] or "nan"),
+        # time_ms first only to keep the cache's column order (model_summary sets it too)
         "time_ms": p.time_ms, "lower_ms": p.lower_ms, **model_summary(p),
     }
     if on_trace is not None:  # only a row that is kept: the graphs stay aligned with the rows
