@@ -10,6 +10,11 @@ params, per-kind time sums) are cached in ``data/derived/timm_rtx3090_infer.csv.
 provenance JSON beside it. Re-create after cost-model changes with::
 
     python -m blink.train.timm_cache            # or: blink train --refresh-timm
+
+The training file (full SGD steps under AMP, torch 1.12) is cached the same way, traced as a
+training step, in ``data/derived/timm_rtx3090_train.csv.gz``::
+
+    python -m blink.train.timm_cache --mode train
 """
 from __future__ import annotations
 
@@ -25,15 +30,19 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..learned import MODEL_KINDS, model_summary
 
-__all__ = ["CACHE_NAME", "KINDS", "build_cache", "family_of", "load_cache", "select_models"]
+__all__ = ["CACHE_NAME", "KINDS", "MODES", "TRAIN_CACHE_NAME", "build_cache", "family_of",
+           "load_cache", "select_models"]
 
 CACHE_NAME = "timm_rtx3090_infer.csv.gz"
 SOURCE_FILE = "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv.gz"
+TRAIN_CACHE_NAME = "timm_rtx3090_train.csv.gz"
+TRAIN_SOURCE_FILE = "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv.gz"
 GPU = "RTX 3090"
 # Unit kinds whose time sums are cached (blink::unit_kind_name), in column order.
 KINDS = MODEL_KINDS
@@ -43,12 +52,36 @@ PARAM_TOLERANCE = 0.01
 DEFAULT_MAX_MODELS = 700
 
 
+@dataclass(frozen=True)
+class _Source:
+    """One benchmark file of timm-rtx3090: its columns and how blink traces its step."""
+
+    file: str
+    cache: str
+    prefix: str       # column prefix: infer_* | train_*
+    trace_mode: str   # blink.dryrun mode: inference | train
+
+
+# The training file times zero_grad, forward + cross entropy under AMP, backward and an SGD step
+# (momentum 0.9): blink traces the same step (mode "train", optimizer "sgd").
+MODES = {
+    "inference": _Source(SOURCE_FILE, CACHE_NAME, "infer", "inference"),
+    "train": _Source(TRAIN_SOURCE_FILE, TRAIN_CACHE_NAME, "train", "train"),
+}
+
+
+def _source(mode: str) -> _Source:
+    if mode not in MODES:
+        raise ValueError(f"timm cache mode {mode!r} is not one of {', '.join(MODES)}")
+    return MODES[mode]
+
+
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def default_cache_path() -> Path:
-    return repo_root() / "data" / "derived" / CACHE_NAME
+def default_cache_path(mode: str = "inference") -> Path:
+    return repo_root() / "data" / "derived" / _source(mode).cache
 
 
 def family_of(model: str) -> str:
@@ -92,11 +125,12 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def build_model(name: str, batch: int, img: int,
-                want_params: float | None = None) -> tuple[Any, int]:
+def build_model(name: str, batch: int, img: int, want_params: float | None = None,
+                mode: str = "inference") -> tuple[Any, int]:
     """(trace, param count) of the timm model `name` at random init on meta, traced at (batch,
-    3, img, img) as the benchmark ran it (AMP fp16 inference on the RTX 3090); raises ValueError
-    when its param count is more than PARAM_TOLERANCE off `want_params`."""
+    3, img, img) as the benchmark ran it (AMP fp16 on the RTX 3090; an inference step, or a
+    training step with SGD for mode "train"); raises ValueError when its param count is more
+    than PARAM_TOLERANCE off `want_params`."""
     import timm
     import torch
 
@@ -107,19 +141,23 @@ def build_model(name: str, batch: int, img: int,
     params = sum(p.numel() for p in model.parameters())
     if want_params is not None and abs(params - want_params) > PARAM_TOLERANCE * want_params:
         raise ValueError(f"param count {params / 1e6:.2f}M != benchmark {want_params / 1e6:.2f}M")
+    src = _source(mode)
+    extra = {"optimizer": "sgd"} if src.trace_mode == "train" else {}
     t = trace_model(model, input_shape=(batch, 3, img, img), batch_size=batch, gpu=GPU,
-                    dtype="amp-fp16", mode="inference")
+                    dtype="amp-fp16", mode=src.trace_mode, **extra)
     return t, params
 
 
-def predict_row(r: dict[str, str], on_trace: Any = None) -> dict[str, Any]:
-    """blink's prediction for one benchmark row (raises on a failed build, trace or param
-    mismatch); on_trace(name, batch, img, trace) sees the trace of a kept row."""
+def predict_row(r: dict[str, str], on_trace: Any = None,
+                mode: str = "inference") -> dict[str, Any]:
+    """blink's prediction for one benchmark row of `mode`'s file (raises on a failed build,
+    trace or param mismatch); on_trace(name, batch, img, trace) sees the trace of a kept row."""
     from ..predict import predict_trace
 
+    src = _source(mode)
     name = r["model"]
-    bs, img = int(r["infer_batch_size"]), int(r["infer_img_size"])
-    t, params = build_model(name, bs, img, float(r["param_count"]) * 1e6)
+    bs, img = int(r[f"{src.prefix}_batch_size"]), int(r[f"{src.prefix}_img_size"])
+    t, params = build_model(name, bs, img, float(r["param_count"]) * 1e6, mode)
     # timm's benchmark.py sets cudnn.benchmark and matmul.allow_tf32 = True. The cache holds
     # the analytic prediction (the trees' input), with the deterministic host table (the
     # benchmark's host is not this CPU).
@@ -127,9 +165,11 @@ def predict_row(r: dict[str, str], on_trace: Any = None) -> dict[str, Any]:
                       cudnn_benchmark=True, host_time="table", predictor="analytic")
     out: dict[str, Any] = {
         "model": name, "family": family_of(name), "img_size": img, "batch": bs,
-        "measured_ms": float(r["infer_step_time"]), "param_count_m": float(r["param_count"]),
-        "params": params, "gmacs": float(r["infer_gmacs"] or "nan"),
-        "macts_m": float(r["infer_macts"] or "nan"),
+        "measured_ms": float(r[f"{src.prefix}_step_time"]),
+        "param_count_m": float(r["param_count"]), "params": params,
+        # the training file has no GMACs / activation columns
+        "gmacs": float(r.get("infer_gmacs") or "nan"),
+        "macts_m": float(r.get("infer_macts") or "nan"),
         # time_ms first only to keep the cache's column order (model_summary sets it too)
         "time_ms": p.time_ms, "lower_ms": p.lower_ms, **model_summary(p),
     }
@@ -139,16 +179,17 @@ def predict_row(r: dict[str, str], on_trace: Any = None) -> dict[str, Any]:
 
 
 def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFAULT_MAX_MODELS,
-                log: Any = sys.stderr, on_trace: Any = None) -> Path:
-    """Trace and predict the selected benchmark rows; write the cache and its provenance.
-    on_trace(name, batch, img, trace) sees each kept row's trace (the graph cache is built in
-    the same pass by blink train --refresh-timm)."""
+                log: Any = sys.stderr, on_trace: Any = None, mode: str = "inference") -> Path:
+    """Trace and predict the selected benchmark rows of `mode`'s file; write the cache and its
+    provenance. on_trace(name, batch, img, trace) sees each kept row's trace (the graph cache
+    is built in the same pass by blink train --refresh-timm)."""
     import timm
     import torch
 
-    src = data_root / "timm-rtx3090" / SOURCE_FILE
+    source = _source(mode)
+    src = data_root / "timm-rtx3090" / source.file
     rows = select_models(read_benchmark(src), max_models)
-    out = out or default_cache_path()
+    out = out or default_cache_path(mode)
     out.parent.mkdir(parents=True, exist_ok=True)
     commit = _git_commit()  # the code that does the tracing, taken before it runs
     done: list[dict[str, Any]] = []
@@ -157,7 +198,7 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
     t0 = time.time()
     for i, r in enumerate(rows):
         try:
-            done.append(predict_row(r, on_trace))
+            done.append(predict_row(r, on_trace, mode))
         except Exception as exc:  # noqa: BLE001 - a model that cannot be rebuilt is skipped
             why = type(exc).__name__ + (": param count mismatch" if "param count" in str(exc)
                                         else "")
@@ -179,12 +220,13 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
 
     prov = {
         "format_version": 1, "file": out.name,
-        "source": {"path": f"shared/data/public/timm-rtx3090/{SOURCE_FILE}",
+        "source": {"path": f"shared/data/public/timm-rtx3090/{source.file}",
                    "sha256": sha256_file(src)},
         "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "blink_commit": commit, "torch_version": torch.__version__,
         "timm_version": timm.__version__, "gpu": GPU, "dtype": "amp-fp16",
-        "mode": "inference", "command": "python -m blink.train.timm_cache"
+        "mode": source.trace_mode, "command": "python -m blink.train.timm_cache"
+        + ("" if mode == "inference" else f" --mode {mode}")
         + ("" if max_models == DEFAULT_MAX_MODELS else f" --max-models {max_models}"),
         "selection": f"up to {max_models} of {len(read_benchmark(src))} rows, round-robin over "
                      "name families (select_models)",
@@ -197,12 +239,13 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
     return out
 
 
-def load_cache(path: Path | None = None) -> list[dict[str, Any]]:
-    """The cached rows, numbers parsed."""
-    path = path or default_cache_path()
+def load_cache(path: Path | None = None, mode: str = "inference") -> list[dict[str, Any]]:
+    """The cached rows of `mode`, numbers parsed."""
+    path = path or default_cache_path(mode)
     if not path.is_file():
+        flag = "" if mode == "inference" else f" --mode {mode}"
         raise FileNotFoundError(f"{path}: no timm cache; create it with "
-                                "`python -m blink.train.timm_cache`")
+                                f"`python -m blink.train.timm_cache{flag}`")
     with gzip.open(path, "rt", newline="") as fh:
         rows = list(csv.DictReader(fh))
     out = []
@@ -225,8 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=None, help="the shared/data/public folder")
     ap.add_argument("--out", default=None, help=f"cache path (default data/derived/{CACHE_NAME})")
     ap.add_argument("--max-models", type=int, default=DEFAULT_MAX_MODELS)
+    ap.add_argument("--mode", choices=sorted(MODES), default="inference",
+                    help="which benchmark file: inference steps (default) or training steps")
     a = ap.parse_args(argv)
-    path = build_cache(public_root(a.data), Path(a.out) if a.out else None, a.max_models)
+    path = build_cache(public_root(a.data), Path(a.out) if a.out else None, a.max_models,
+                       mode=a.mode)
     print(f"wrote {path}")
     return 0
 
