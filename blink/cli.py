@@ -175,9 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-time", choices=("table", "measured", "wall"), default="table",
                    help="host time per op: the deterministic table (default), measured on this "
                         "CPU during the dry run (CPU time), or the same on the wall clock")
-    p.add_argument("--predictor", choices=["auto", "analytic"], default="auto",
+    p.add_argument("--predictor", choices=["auto", "trees", "analytic"], default="auto",
                    help="auto: trained models in models/ (or $BLINK_MODELS_DIR) where they cover "
-                        "a unit, else analytic; analytic: ignore trained models")
+                        "a unit, else analytic, and the end-to-end models where they apply; "
+                        "trees: the per-unit forests only; analytic: ignore trained models")
     p.set_defaults(func=_cmd_predict)
     from .collect.cli import add_collect_parser
 

@@ -175,6 +175,12 @@ class LearnedModels:
     model_forest_path: Path | None = None
     model_clip: tuple[float, float] = (-3.0, 3.0)
     blend_weight: float = 1.0
+    # The training-step correction (card model_level_train): time = analytic x correction, on
+    # the GPUs and dtype of train_applies.
+    train_forest: Any = None  # blink._C.Forest
+    train_forest_path: Path | None = None
+    train_clip: tuple[float, float] = (-3.0, 3.0)
+    train_applies: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -250,8 +256,9 @@ def _load_conformal(card_path: Path, path: Path) -> dict[str, Any]:
             raise _fail(path, f"{key!r} must be a string naming the "
                               f"{'interval method' if key == 'method' else 'calibration data'}")
     entries: list[tuple[str, Any]] = []
-    if "model" in doc:
-        entries.append(("model", doc["model"]))
+    for key in ("model", "model_train"):
+        if key in doc:
+            entries.append((key, doc[key]))
     unit = doc.get("unit", {})
     if not isinstance(unit, dict):
         raise _fail(path, "'unit' must be an object of {kind: {q, n}}")
@@ -368,6 +375,8 @@ def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
     blend = (gnn or {}).get("blend") if models.gnn is not None else None
     if blend is not None:
         _load_blend(models, d, card_path, card, blend)
+    if card.get("model_level_train") is not None:
+        _load_train_level(models, d, card_path, card["model_level_train"])
     return models
 
 
@@ -381,14 +390,23 @@ def _load_blend(models: LearnedModels, d: Path, card_path: Path, card: dict[str,
     ml = card.get("model_level")
     if not isinstance(ml, dict):
         raise _fail(card_path, "gnn.blend needs the 'model_level' entry it blends with")
+    models.model_forest, models.model_forest_path, models.model_clip = _load_model_forest(
+        d, card_path, ml, "model_level")
+    models.blend_weight = w
+
+
+def _load_model_forest(d: Path, card_path: Path, ml: dict[str, Any],
+                       what: str) -> tuple[Any, Path, tuple[float, float]]:
+    """(forest, path, clip) of a model-level correction entry of the card (model_level,
+    model_level_train), checked against the inputs this blink computes."""
     if ml.get("features") != CORRECTION_FEATURES:
-        raise _fail(card_path, "model_level.features differ from the inputs this blink computes "
+        raise _fail(card_path, f"{what}.features differ from the inputs this blink computes "
                                "(blink.learned.CORRECTION_FEATURES)")
     clip = ml.get("clip", [-3.0, 3.0])
     if not isinstance(clip, list) or len(clip) != 2:
-        raise _fail(card_path, "model_level: 'clip' must be [lo, hi]")
-    path = _artifact_path(d, card_path, ml.get("file"), "model_level")
-    _check_sha256(card_path, path, ml.get("sha256"), "model_level")
+        raise _fail(card_path, f"{what}: 'clip' must be [lo, hi]")
+    path = _artifact_path(d, card_path, ml.get("file"), what)
+    _check_sha256(card_path, path, ml.get("sha256"), what)
     try:
         forest = _C.load_forest(str(path))
     except _C.Error as exc:
@@ -397,10 +415,21 @@ def _load_blend(models: LearnedModels, d: Path, card_path: Path, card: dict[str,
     if forest.num_features != len(CORRECTION_FEATURES):
         raise _fail(path, f"{forest.num_features} inputs; the model-level correction takes "
                           f"{len(CORRECTION_FEATURES)}")
-    models.model_forest, models.model_forest_path = forest, path
-    models.model_clip = (_number(card_path, clip[0], "model_level.clip"),
-                         _number(card_path, clip[1], "model_level.clip"))
-    models.blend_weight = w
+    return forest, path, (_number(card_path, clip[0], f"{what}.clip"),
+                          _number(card_path, clip[1], f"{what}.clip"))
+
+
+def _load_train_level(models: LearnedModels, d: Path, card_path: Path, e: Any) -> None:
+    if not isinstance(e, dict):
+        raise _fail(card_path, "'model_level_train' must be an object {file, features, ...}")
+    a = e.get("applies_to")
+    if not (isinstance(a, dict) and isinstance(a.get("gpus"), list)
+            and all(isinstance(g, str) for g in a["gpus"]) and isinstance(a.get("dtype"), str)):
+        raise _fail(card_path, "model_level_train.applies_to must say its 'gpus' (a list of "
+                               "names) and 'dtype'")
+    models.train_forest, models.train_forest_path, models.train_clip = _load_model_forest(
+        d, card_path, e, "model_level_train")
+    models.train_applies = {"gpus": list(a["gpus"]), "dtype": a["dtype"]}
 
 
 def blend_ms(gnn_ms: Any, corr_ms: Any, weight_gnn: float) -> Any:
@@ -411,28 +440,34 @@ def blend_ms(gnn_ms: Any, corr_ms: Any, weight_gnn: float) -> Any:
     return np.exp(weight_gnn * np.log(gnn_ms) + (1.0 - weight_gnn) * np.log(corr_ms))
 
 
-def model_correction_ms(models: LearnedModels, summary: dict[str, Any]) -> float:
+def model_correction_ms(models: LearnedModels, summary: dict[str, Any],
+                        mode: str = "inference") -> float:
     """The model-level correction's time for a model: analytic time_ms x exp(clipped forest
-    output) on correction_features(summary)."""
+    output) on correction_features(summary); the training-step correction for mode "train"."""
     import numpy as np
 
     f = correction_features(summary)
     x = np.array([[f[k] for k in CORRECTION_FEATURES]], dtype=np.float64)
-    lo, hi = models.model_clip
-    margin = float(models.model_forest.predict(x, True)[0])
+    forest, (lo, hi) = ((models.train_forest, models.train_clip) if mode == "train"
+                        else (models.model_forest, models.model_clip))
+    margin = float(forest.predict(x, True)[0])
     return float(summary["time_ms"]) * math.exp(min(hi, max(lo, margin)))
 
 
-def conformal_interval(models: LearnedModels, time_ms: float,
-                       predictor: str = "analytic") -> tuple[float, float, str] | None:
+def conformal_interval(models: LearnedModels, time_ms: float, predictor: str = "analytic",
+                       mode: str = "inference") -> tuple[float, float, str] | None:
     """(lower_ms, upper_ms, method) of the end-to-end time from the conformal table's model-level
     quantile for `predictor` (what produced time_ms: "analytic", "trees", "trees+gnn", ...), or
     None without one: time * exp(-q) .. time * exp(q). A predictor the table has no entry for
-    takes the top-level (analytic) entry, and the method says which predictor that was for."""
+    takes the top-level (analytic) entry, and the method says which predictor that was for.
+    Training steps (mode "train") use the table's training-step entry ("model_train") where
+    it has one, as their residuals are not inference's."""
     c = models.conformal
     if c is None or not isinstance(c.get("model"), dict):
         return None
     e = c["model"]
+    if mode == "train" and isinstance(c.get("model_train"), dict):
+        e = c["model_train"]
     by = e.get("by_predictor")
     if isinstance(by, dict) and isinstance(by.get(predictor), dict):
         e = by[predictor]
@@ -458,6 +493,17 @@ def gnn_skip_reason(models: LearnedModels, gpu: str, mode: str) -> str | None:
         return f"it was trained on {', '.join(map(str, gpus))} only"
     if isinstance(modes, list) and modes and mode not in modes:
         return f"it was trained on {', '.join(map(str, modes))} steps only"
+    return None
+
+
+def train_correction_skip_reason(models: LearnedModels, gpu: str, dtype: str) -> str | None:
+    """Why the training-step correction does not apply to a training step on `gpu` in `dtype`
+    (None when it does): it learned one GPU's whole steps in one precision."""
+    a = models.train_applies
+    if a.get("gpus") and gpu not in a["gpus"]:
+        return f"it was trained on {', '.join(a['gpus'])} steps only"
+    if a.get("dtype") and dtype != a["dtype"]:
+        return f"it was trained on {a['dtype']} steps only"
     return None
 
 

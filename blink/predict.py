@@ -35,6 +35,7 @@ from .learned import (
     model_correction_ms,
     model_summary,
     models_dir,
+    train_correction_skip_reason,
     unit_quantile,
 )
 from .trace import PHASES, RESIDENT_ROLES, Trace, _fmt_bytes, read_json_document
@@ -351,7 +352,9 @@ class Prediction:
         return doc
 
 
-PREDICTORS = ("auto", "analytic")
+# auto: every shipped model where it applies; trees: the per-unit forests only (no end-to-end
+# GNN or model-level correction: the per-unit estimate); analytic: no learned model.
+PREDICTORS = ("auto", "trees", "analytic")
 
 
 def _budget_text(budget: int, gpu_memory: int) -> str:
@@ -502,6 +505,18 @@ class _CostSummary:
                       for u in cost["units"]]
 
 
+def _model_correction(native: Any, spec: Any, t: Trace, models: Any, allow_tf32_matmul: bool,
+                      allow_tf32_cudnn: bool, cudnn_benchmark: bool, mode: str) -> float:
+    """The model-level correction's time (ms) of the trace: the analytic timeline's summary
+    with table host time (how the timm caches were built), through models' `mode` forest."""
+    ana = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, "table",
+                      cudnn_benchmark=cudnn_benchmark)
+    summary = {**model_summary(_CostSummary(ana)), "params": t.meta.get("params") or 0,
+               "batch": t.meta.get("batch_size") or nan,
+               "img_size": image_side(t.meta.get("input_shapes"))}
+    return model_correction_ms(models, summary, mode)
+
+
 class _UnitSum(NamedTuple):
     kind: str
     time_ms: float
@@ -537,7 +552,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     records a warm one.
 
     predictor="auto" uses the trained artifacts of blink.learned.models_dir() where they cover a
-    unit's kind (analytic elsewhere, and everywhere when there are none); "analytic" ignores them.
+    unit's kind (analytic elsewhere, and everywhere when there are none) and the end-to-end
+    models where they apply; "trees" the per-unit forests only; "analytic" ignores them.
     """
     if predictor not in PREDICTORS:
         raise ConfigError(f"predictor {predictor!r} is not one of {', '.join(PREDICTORS)}")
@@ -559,7 +575,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     if traced_for and traced_for != spec.name:
         notes.append(f"traced for {traced_for}; SDPA kernel choice is that GPU's")
     models = None
-    if predictor == "auto":
+    if predictor in ("auto", "trees"):
         models = load_models()  # ArtifactError for a corrupt or incompatible models/
         if models is None:
             notes.append(f"no trained models ({models_dir()}/card.json not found): every unit "
@@ -568,7 +584,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
             notes.append(f"{models_dir()}/card.json has no forests: every unit time is analytic")
     native = t.native()
     unit_models = models.unit_models if models is not None and models.forests else None
-    gnn = models.gnn if models is not None else None
+    gnn = models.gnn if models is not None and predictor == "auto" else None
     if gnn is not None:
         why = ("compiled mode re-times the fused kernels analytically" if compiled
                else gnn_skip_reason(models, spec.name, str(t.meta.get("mode", ""))))
@@ -636,22 +652,41 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     time_ms = cost["end_to_end_s"] * 1e3
     host_s, gpu_busy_s, lower_s = cost["host_s"], cost["gpu_busy_s"], cost["lower_bound_s"]
     blended = False
+    train_corrected = False
+    mode = str(t.meta.get("mode", ""))
+    if (models is not None and models.train_forest is not None and mode == "train"
+            and predictor == "auto"):
+        why = ("compiled mode re-times the fused kernels analytically" if compiled
+               else train_correction_skip_reason(models, spec.name,
+                                                 str(t.meta.get("dtype", ""))))
+        if why is not None:
+            notes.append(f"training-step correction ({models.train_forest_path}) not applied: "
+                         f"{why}")
+    else:
+        why = "no training-step correction"
     if gnn_c == gnn_c and models is not None and models.model_forest is not None:
         # Where the GNN applies, its time is blended with the model-level correction's (card
         # gnn.blend: held-out-family errors of the two are partly independent). The correction
         # reads the analytic timeline's summary with table host time, as it was trained.
-        ana = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, "table",
-                          cudnn_benchmark=cudnn_benchmark)
-        summary = {**model_summary(_CostSummary(ana)), "params": t.meta.get("params") or 0,
-                   "batch": t.meta.get("batch_size") or nan,
-                   "img_size": image_side(t.meta.get("input_shapes"))}
-        corr_ms = model_correction_ms(models, summary)
+        corr_ms = _model_correction(native, spec, t, models, allow_tf32_matmul,
+                                    allow_tf32_cudnn, cudnn_benchmark, "inference")
         w = models.blend_weight
         gnn_ms = time_ms
         time_ms = float(blend_ms(gnn_ms, corr_ms, w))
         blended = True
         notes.append(f"end-to-end time {gnn_ms:.3f} ms (GNN) ^ {w:g} x {corr_ms:.3f} ms "
                      f"(model-level correction, {models.model_forest_path}) ^ {1.0 - w:g}")
+    elif why is None and models is not None:
+        # A training step on the GPU and precision the training-step correction learned: its
+        # end-to-end time is the analytic timeline's, corrected (card model_level_train); the
+        # unit times stay the forests' / analytic ones.
+        steps_ms = time_ms
+        time_ms = _model_correction(native, spec, t, models, allow_tf32_matmul,
+                                    allow_tf32_cudnn, cudnn_benchmark, "train")
+        train_corrected = True
+        notes.append(f"end-to-end time {time_ms:.3f} ms from the training-step correction "
+                     f"({models.train_forest_path}) of the analytic timeline; the timeline and "
+                     f"units show the per-unit schedule ({steps_ms:.3f} ms)")
     skip: list[int] = []
     if compiled:
         from .compile import compiled_units
@@ -672,12 +707,13 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     lower_ms = min(lower_s * 1e3, time_ms)
     upper_ms = time_ms * _UPPER_FACTOR
     interval_method = INTERVAL_METHOD
-    used_predictor = "+".join((["trees"] if by_trees else [])
-                              + (["gnn"] if gnn_c == gnn_c else [])
-                              + (["model"] if blended else [])) or "analytic"
+    used_predictor = ("model" if train_corrected else
+                      "+".join((["trees"] if by_trees else [])
+                               + (["gnn"] if gnn_c == gnn_c else [])
+                               + (["model"] if blended else [])) or "analytic")
     # Compiled mode re-times the fused kernels analytically, so its interval is analytic's.
-    conf = (conformal_interval(models, time_ms, "analytic" if compiled else used_predictor)
-            if models is not None else None)
+    conf = (conformal_interval(models, time_ms, "analytic" if compiled else used_predictor,
+                               mode) if models is not None else None)
     if conf is not None:
         lower_ms, upper_ms, interval_method = conf
     smi = mem["peak_reserved_bytes"] + CUDA_CONTEXT_BYTES

@@ -162,7 +162,7 @@ def test_without_models_everything_is_analytic(traces, tmp_path, monkeypatch):
     assert p.time_ms == forced.time_ms
     assert [u.time_ms for u in p.units] == [u.time_ms for u in forced.units]
     assert all(u.analytic_ms == u.time_ms for u in p.units)
-    with pytest.raises(ConfigError, match="predictor 'gnn' is not one of auto, analytic"):
+    with pytest.raises(ConfigError, match="predictor 'gnn' is not one of auto, trees, analytic"):
         predict_trace(traces[8], GPU, predictor="gnn")
 
 

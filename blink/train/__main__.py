@@ -13,9 +13,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="model-level cache (default data/derived/timm_rtx3090_infer.csv.gz)")
     ap.add_argument("--timm-graphs", default=None,
                     help="the GNN's graph cache (default data/derived/timm_rtx3090_graphs.npz)")
+    ap.add_argument("--timm-train-cache", default=None,
+                    help="training-step cache (default data/derived/timm_rtx3090_train.csv.gz)")
     ap.add_argument("--refresh-timm", action="store_true",
                     help="re-trace the timm models: the model-level cache, then the graphs with "
-                    "the forests just fitted (after cost-model changes; about 20 minutes)")
+                    "the forests just fitted, then the training steps (after cost-model "
+                    "changes; about 20 minutes)")
     ap.add_argument("--rows-per-file", type=int, default=6000,
                     help="NeuSight bmm/linear rows per GPU file (default 6000)")
     ap.add_argument("--mixed-rows", type=int, default=None,
@@ -32,6 +35,8 @@ def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default=None,
                     help="output folder (default benchmarks/results/accuracy)")
     ap.add_argument("--timm-cache", default=None, help="the timm cache (data/derived/...)")
+    ap.add_argument("--timm-train-cache", default=None,
+                    help="training-step cache (default data/derived/timm_rtx3090_train.csv.gz)")
     ap.add_argument("--rows-per-file", type=int, default=6000,
                     help="NeuSight bmm/linear rows per GPU file (default 6000)")
     ap.add_argument("--mixed-rows", type=int, default=None,
@@ -57,7 +62,7 @@ def run(a: argparse.Namespace) -> int:
     train(a.data, a.out, neusight_rows_per_file=a.rows_per_file,
           neusight_mixed_rows=a.mixed_rows,
           rounds=a.rounds or NUM_ROUNDS, timm_cache=a.timm_cache, timm_graphs=a.timm_graphs,
-          refresh_timm=a.refresh_timm, command=cmd)
+          timm_train_cache=a.timm_train_cache, refresh_timm=a.refresh_timm, command=cmd)
     return 0
 
 

@@ -23,6 +23,10 @@ the GNN covers), the whole-model baseline (params, FLOPs, batch, image size) and
 correction forest. q: for analytic and trees, the quantile of the
 other folds' residuals; for the GNN, of the other folds' out-of-fold residuals; for the forests,
 out-of-fold inside the training families.
+
+Training steps (timm-rtx3090's training file, cached as traced SGD steps): the same 5-fold
+held-out-family split for roofline, analytic, the whole-model baseline and the model-level
+correction refitted on training steps (what predict ships for them on the RTX 3090).
 """
 from __future__ import annotations
 
@@ -360,7 +364,7 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
              neusight_rows_per_file: int | None = 6000, neusight_mixed_rows: int | None = None,
              rounds: int = NUM_ROUNDS, timm_cache: str | Path | None = None, figures: bool = True,
              coverage: float = COVERAGE, timm_graphs: str | Path | None = None,
-             gnn: bool = True,
+             gnn: bool = True, timm_train_cache: str | Path | None = None,
              log: Any = sys.stderr) -> dict[str, Any]:
     """Run every split, print the tables, write results.json and the PNG figures."""
     t0 = time.time()
@@ -486,6 +490,29 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
     else:
         text.append(f"(no timm cache at {cache}: model-level rows skipped)")
 
+    tcache = (Path(timm_train_cache) if timm_train_cache is not None
+              else default_cache_path("train"))
+    if tcache.is_file():
+        # Whole training steps: no unit graphs, so roofline, analytic and the model-level
+        # predictors only (the training-step correction is what predict ships for them).
+        tt = ml.table(load_cache(tcache, mode="train"))
+        tres = model_folds(tt, coverage)
+        tpred = ("roofline", "analytic", "baseline", "correction")
+        t_rows = [("all held-out families", len(tt),
+                   _model_metrics(tt, tres, np.ones(len(tt), dtype=bool), tpred))]
+        for lo, hi in ((0, 64), (64, 256), (256, 10**9)):
+            m = (tt.batch > lo) & (tt.batch <= hi)
+            if m.any():
+                t_rows.append((f"batch {lo + 1}-{hi}" if hi < 10**9 else f"batch > {lo}",
+                               int(m.sum()), _model_metrics(tt, tres, m, tpred)))
+        text.append(long_table(f"timm-rtx3090 training steps (AMP fp16, SGD, RTX 3090), 5 folds "
+                               f"of held-out families ({len(set(tt.family.tolist()))} families)",
+                               t_rows, tpred))
+        results["train_families"] = {n: m for n, _, m in t_rows}
+        say(f"training steps: {len(tt)} timm models evaluated")
+    else:
+        text.append(f"(no timm training-step cache at {tcache}: training-step rows skipped)")
+
     report = "\n\n".join(text)
     print(report)
     (out_dir / "accuracy.txt").write_text(report + "\n")
@@ -526,6 +553,7 @@ def run(a: argparse.Namespace) -> int:
     evaluate(a.data, a.out, neusight_rows_per_file=a.rows_per_file,
              neusight_mixed_rows=a.mixed_rows, rounds=a.rounds,
              timm_cache=a.timm_cache, figures=not a.no_figures,
+             timm_train_cache=a.timm_train_cache,
              timm_graphs=a.timm_graphs, gnn=not a.no_gnn)
     return 0
 

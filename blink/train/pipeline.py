@@ -73,6 +73,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
           neusight_rows_per_file: int | None = 6000, neusight_mixed_rows: int | None = None,
           rounds: int = NUM_ROUNDS,
           timm_cache: str | Path | None = None, timm_graphs: str | Path | None = None,
+          timm_train_cache: str | Path | None = None,
           refresh_timm: bool = False, command: str = "blink train",
           log: Any = sys.stderr) -> dict[str, Any]:
     """Fit every forest, the end-to-end GNN and the conformal table; write models/ and return
@@ -163,6 +164,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     # Model level (timm-rtx3090 through the cached blink predictions).
     cache = Path(timm_cache) if timm_cache is not None else default_cache_path()
     graphs = Path(timm_graphs) if timm_graphs is not None else default_graphs_path()
+    train_cache = (Path(timm_train_cache) if timm_train_cache is not None
+                   else default_cache_path("train"))
     if refresh_timm:
         from .timm_cache import build_cache
 
@@ -173,6 +176,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         writer = GraphWriter(out_dir, forests)
         build_cache(root, cache, on_trace=writer.add)
         writer.write(graphs, cache, command)
+        say("re-tracing the timm training steps (training-step cache)")
+        build_cache(root, train_cache, mode="train")
     model_card: dict[str, Any] | None = None
     conformal_model: dict[str, Any] = {}
     cache_info: dict[str, Any] | None = None
@@ -227,6 +232,9 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         gnn_card = _train_gnn(out_dir, graphs, forests, ml.table(load_cache(cache)),
                               conformal_model, say, p_corr)
 
+    # The training-step correction, on the timm training file's steps.
+    train_card, conformal_train = _train_steps(out_dir, train_cache, say)
+
     conformal = {
         "format_version": 1, "method": "split-conformal (absolute log-ratio residuals)",
         "coverage": COVERAGE,
@@ -239,6 +247,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     }
     if conformal_model:
         conformal["model"] = conformal_model
+    if conformal_train:
+        conformal["model_train"] = conformal_train
     _write_json(out_dir / "conformal.json", conformal)
 
     files = dataset_files(root)
@@ -248,7 +258,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         if name == "timm-rtx3090" and model_card is None:
             continue
         n = (sum(int((t.dataset == used[name]).sum()) for t in tables.values())
-             if name in used else (model_card or {}).get("rows", 0))
+             if name in used else (model_card or {}).get("rows", 0)
+             + (train_card or {}).get("rows", 0))
         datasets.append({"name": name, "rows": n,
                          "files": [{"path": _rel(p, root, "shared/data/public/"),
                                     "sha256": sha256_file(p)} for p in paths]})
@@ -294,12 +305,73 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         card["model_level"] = model_card
         card["timm_cache"] = cache_info
         card["metrics"]["model_level"] = model_card["metrics"]["correction"]
+    if train_card is not None and train_card.get("file"):
+        card["model_level_train"] = train_card
+        card["metrics"]["model_level_train"] = train_card["metrics"]["correction"]
+    elif train_card is not None:
+        card["model_level_train_not_shipped"] = train_card
     # The created stamp is the only run-dependent field; everything else is a function of the
     # data, the code and the seeds.
     _write_json(out_dir / "card.json", card)
     say(f"wrote {out_dir} ({sum(p.stat().st_size for p in out_dir.iterdir()) / 1e6:.2f} MB) "
         f"in {time.time() - t_start:.0f}s")
     return card
+
+
+def _train_steps(out_dir: Path, cache: Path,
+                 say: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The training-step correction (forest_model_train.json) on the timm training file's
+    cached steps: the same features and forest as the inference correction, its own fit. Ships
+    only if it beats the analytic time on held-out families. Returns (card entry, conformal
+    entry); (None, {}) without a cache."""
+    if not cache.is_file():
+        say(f"{cache}: no timm training-step cache, training-step correction skipped "
+            "(python -m blink.train.timm_cache --mode train creates it)")
+        return None, {}
+    mt = ml.table(load_cache(cache, mode="train"))
+    allrows = np.ones(len(mt), dtype=bool)
+    p_corr = ml.oof(mt, "correction", allrows)
+    q_corr = conformal_q(np.abs(np.log(mt.measured_ms / p_corr)), COVERAGE)
+    q_ana = conformal_q(np.abs(np.log(mt.measured_ms / mt.analytic_ms)), COVERAGE)
+    m_ana = metrics(mt.analytic_ms, mt.measured_ms, q_ana)
+    m_corr = metrics(p_corr, mt.measured_ms, q_corr)
+    prov = cache.with_suffix("").with_suffix(".provenance.json")
+    card: dict[str, Any] = {
+        "target": "log(measured / analytic time_ms) of a whole training step",
+        "features": list(ml.CORRECTION_FEATURES), "clip": list(CLIP),
+        "feature_definitions": "as model_level's",
+        "applies_to": {"gpus": ["RTX3090"], "dtype": "amp-fp16", "mode": "train",
+                       "models": "timm image classifiers (zero_grad, forward + cross entropy "
+                                 "under AMP, backward, SGD with momentum)"},
+        "params": _params(ml.MODEL_PARAMS, ml.MODEL_ROUNDS), "rows": len(mt),
+        "timm_cache": {"path": _rel(cache, repo_root()), "sha256": sha256_file(cache),
+                       "provenance": json.loads(prov.read_text()) if prov.is_file() else None},
+        "metrics": {"split": "5 folds of held-out timm families",
+                    "roofline": _m(metrics(mt.roofline_ms, mt.measured_ms)),
+                    "analytic": _m(m_ana), "correction": _m(m_corr)},
+    }
+    say(f"training steps: {len(mt)} timm models, held-out-family MAPE analytic "
+        f"{m_ana['mape']:.1f}% -> correction {m_corr['mape']:.1f}%")
+    if not m_corr["mape"] < m_ana["mape"]:
+        say("training-step correction not shipped: it does not beat the analytic time on "
+            "held-out families")
+        card["not_shipped"] = "does not beat the analytic time on held-out families"
+        return card, {}
+    booster = ml.fit_correction(mt)
+    booster.save_model(str(out_dir / "forest_model_train.json"))
+    card = {"file": "forest_model_train.json",
+            "sha256": sha256_file(out_dir / "forest_model_train.json"), **card}
+    conformal = {
+        "q": _r(q_ana, 6), "n": len(mt),
+        "predictor": "analytic (blink.predict time_ms) of a training step",
+        "calibration": "timm-rtx3090 training steps (no model fitted on them)",
+        "by_predictor": {"model": {
+            "q": _r(q_corr, 6), "n": len(mt),
+            "predictor": "training-step correction (forest_model_train.json)",
+            "calibration": "timm-rtx3090 training steps, out-of-fold over 5 held-out-family "
+                           "folds"}},
+    }
+    return card, conformal
 
 
 def _forests_card(forests: dict[str, Any]) -> dict[str, Any]:

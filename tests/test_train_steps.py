@@ -1,0 +1,188 @@
+"""Whole training steps: the timm training-step cache (real timm models traced as SGD steps),
+the training-step correction's held-out-family accuracy and intervals, and predict's use of the
+shipped models/forest_model_train.json only where it was trained."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from blink import learned
+from blink.errors import ArtifactError
+from blink.train import model_level as ML
+from blink.train import timm_cache
+from blink.train.data import public_root
+from blink.train.fit import group_folds
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "models"
+TRAIN_CACHE = timm_cache.default_cache_path("train")
+
+needs_cache = pytest.mark.skipif(not TRAIN_CACHE.is_file(),
+                                 reason="no timm training-step cache in data/derived")
+
+
+def _card() -> dict:
+    return json.loads((MODELS / "card.json").read_text())
+
+
+shipped = pytest.mark.skipif(
+    not (MODELS / "card.json").is_file() or "model_level_train" not in _card(),
+    reason="models/ ships no training-step correction")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    learned._CACHE.clear()
+    yield
+    learned._CACHE.clear()
+
+
+@pytest.fixture(scope="module")
+def steps() -> ML.ModelTable:
+    return ML.table(timm_cache.load_cache(mode="train"))
+
+
+def _analytic(t):
+    import blink
+
+    # the cache's settings: timm's benchmark.py (cudnn.benchmark, TF32 on), table host time
+    return blink.predict_trace(t, "RTX3090", allow_tf32_matmul=True, allow_tf32_cudnn=True,
+                               cudnn_benchmark=True, host_time="table", predictor="analytic")
+
+
+@needs_cache
+def test_training_cache_rows_are_traced_sgd_steps(steps):
+    """A cached training row is blink's analytic prediction of the benchmark's step: re-tracing
+    the same model as a training step gives the same features, and a training step costs
+    clearly more than the same model's inference step (backward and SGD are in the trace)."""
+    rows = [r for r in timm_cache.load_cache(mode="train")
+            if r["model"] in ("resnet18", "resnet26", "resnet34", "resnet50")]
+    assert rows, "no small ResNet in the training-step cache"
+    r = rows[0]
+    t, params = timm_cache.build_model(r["model"], int(r["batch"]), int(r["img_size"]),
+                                       mode="train")
+    assert t.meta["mode"] == "train" and t.meta["params"] == params
+    a = _analytic(t)
+    live = {**learned.model_summary(a), "params": params, "batch": t.meta["batch_size"],
+            "img_size": learned.image_side(t.meta["input_shapes"])}
+    want, got = learned.correction_features(r), learned.correction_features(live)
+    for k in ML.CORRECTION_FEATURES:
+        assert got[k] == pytest.approx(want[k], rel=1e-4, nan_ok=True), k
+    inf, _ = timm_cache.build_model(r["model"], int(r["batch"]), int(r["img_size"]))
+    assert a.time_ms > 2.0 * _analytic(inf).time_ms
+    # measured times are the training file's, not the inference file's
+    path = public_root() / "timm-rtx3090" / timm_cache.MODES["train"].file
+    src = {x["model"]: x for x in timm_cache.read_benchmark(path)}
+    assert r["measured_ms"] == pytest.approx(float(src[r["model"]]["train_step_time"]))
+    assert len(steps) > 400
+
+
+@needs_cache
+def test_training_step_correction_beats_analytic_on_held_out_families(steps):
+    """Fitted on four folds of families, predicting the fifth: the correction's MAPE is below
+    the analytic model's, and its split-conformal interval (q from the training folds' own
+    out-of-fold residuals) covers 90% +- 3 points of the held-out families' steps."""
+    folds = group_folds(steps.family, 5)
+    pred = np.full(len(steps), math.nan)
+    q = np.full(len(steps), math.nan)
+    for test in folds:
+        pred[test] = ML.fit_predict(steps, "correction", ~test, test)
+        q[test] = ML.conformal_oof(steps, "correction", ~test, 0.9, k=4)
+    meas = steps.measured_ms
+    ape = np.abs(pred / meas - 1)
+    assert ape.mean() < np.abs(steps.analytic_ms / meas - 1).mean()
+    inside = np.abs(np.log(meas / pred)) <= q
+    assert abs(inside.mean() - 0.9) <= 0.03
+
+
+@shipped
+def test_predict_applies_the_training_step_correction_only_where_it_was_trained():
+    """An AMP training step on the RTX 3090 gets the shipped correction: the analytic time times
+    exp(margin), the margin as xgboost itself evaluates forest_model_train.json on the features
+    the training table builds; other GPUs, precisions and inference steps do not."""
+    import blink
+
+    xgb = pytest.importorskip("xgboost")
+    card = _card()
+    e = card["model_level_train"]
+    assert e["applies_to"] == {**e["applies_to"], "gpus": ["RTX3090"], "dtype": "amp-fp16",
+                               "mode": "train"}
+    t = blink.trace_model("timm:resnet18", batch_size=32, dtype="amp-fp16", mode="train",
+                          optimizer="sgd")
+    p = blink.predict_trace(t, "RTX3090")
+    assert p.predictor == "model"
+    a = blink.predict_trace(t, "RTX3090", predictor="analytic", host_time="table")
+    row = {**learned.model_summary(a), "params": t.meta["params"], "batch": 32, "img_size": 224}
+    x = np.array([[learned.correction_features(row)[k] for k in ML.CORRECTION_FEATURES]])
+    booster = xgb.Booster(model_file=str(MODELS / e["file"]))
+    margin = booster.predict(xgb.DMatrix(x, missing=math.nan,
+                                         feature_names=list(ML.CORRECTION_FEATURES)))[0]
+    want = a.time_ms * math.exp(float(np.clip(margin, *e["clip"])))
+    assert p.time_ms == pytest.approx(want, rel=1e-5)
+    assert p.lower_ms < p.time_ms < p.upper_ms
+    assert "training-step correction" in p.interval_method
+    assert any("training-step correction" in n for n in p.notes)
+    # the breakdown still splits the corrected end-to-end time exactly
+    assert sum(r.wall_ms for r in p.breakdown("kind")) == pytest.approx(p.time_ms, rel=1e-9)
+    for gpu, dtype, why in (("H100-SXM", "amp-fp16", "RTX3090"), ("RTX3090", "fp32", "amp-fp16")):
+        tt = t if dtype == "amp-fp16" else blink.trace_model(
+            "timm:resnet18", batch_size=32, dtype=dtype, mode="train", optimizer="sgd")
+        q = blink.predict_trace(tt, gpu)
+        assert q.predictor != "model"
+        assert any("training-step correction" in n and "not applied" in n and why in n
+                   for n in q.notes), q.notes
+    inf = blink.trace_model("timm:resnet18", batch_size=32, dtype="amp-fp16")
+    assert "training-step" not in " ".join(blink.predict_trace(inf, "RTX3090").notes)
+
+
+@shipped
+def test_trees_predictor_keeps_the_unit_forests_and_drops_end_to_end_models():
+    """predictor="trees" is the per-unit estimate: the same unit times as "auto", and the end
+    to end time is their timeline's, without the training-step correction (or the GNN)."""
+    import blink
+
+    t = blink.trace_model("timm:resnet18", batch_size=32, dtype="amp-fp16", mode="train",
+                          optimizer="sgd")
+    auto = blink.predict_trace(t, "RTX3090")
+    trees = blink.predict_trace(t, "RTX3090", predictor="trees")
+    assert auto.predictor == "model" and trees.predictor == "trees"
+    assert [u.time_ms for u in trees.units] == [u.time_ms for u in auto.units]
+    assert {u.source for u in trees.units} >= {"trees", "analytic"}
+    assert trees.time_ms != auto.time_ms
+    # a timeline's end to end time: no shorter than its host or its GPU work
+    assert max(trees.host_ms, trees.gpu_busy_ms) <= trees.time_ms * (1 + 1e-9)
+    assert not any("training-step correction" in n for n in trees.notes)
+    inf = blink.trace_model("timm:resnet18", batch_size=8, dtype="amp-fp16")
+    assert "gnn" not in blink.predict_trace(inf, "RTX3090", predictor="trees").predictor
+
+
+@shipped
+def test_training_step_correction_artifact_errors(tmp_path, monkeypatch):
+    """A training-step entry whose features are not this blink's inputs, or whose file was
+    changed after training, is a clear error naming the file; the analytic predictor answers."""
+    import blink
+
+    t = blink.trace_model("timm:resnet18", batch_size=4, dtype="amp-fp16", mode="train")
+    for edit, message in (
+        (lambda c: c["model_level_train"].update(features=["log_flops"]),
+         "model_level_train.features differ"),
+        (lambda c: c["model_level_train"].update(sha256="0" * 64), "differs from the card's"),
+        (lambda c: c["model_level_train"].update(applies_to={"gpus": "RTX3090"}),
+         "model_level_train.applies_to"),
+    ):
+        d = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(MODELS, d)
+        card = json.loads((d / "card.json").read_text())
+        edit(card)
+        (d / "card.json").write_text(json.dumps(card))
+        monkeypatch.setenv("BLINK_MODELS_DIR", str(d))
+        learned._CACHE.clear()
+        with pytest.raises(ArtifactError, match=message) as err:
+            blink.predict_trace(t, "RTX3090")
+        assert "blink train" in str(err.value)
+        assert blink.predict_trace(t, "RTX3090", predictor="analytic").time_ms > 0
