@@ -481,18 +481,21 @@ def conformal_interval(models: LearnedModels, time_ms: float, predictor: str = "
     return time_ms * math.exp(-q), time_ms * math.exp(q), method
 
 
-def gnn_skip_reason(models: LearnedModels, gpu: str, mode: str) -> str | None:
-    """Why the loaded GNN does not apply on `gpu` in `mode`, or None when it does: it
-    corrects only what its card's applies_to covers (the GPUs and modes it was trained on), as
-    the end-to-end effects it learned are the training GPU's."""
+def gnn_skip_reason(models: LearnedModels, gpu: str, mode: str,
+                    dtype: str | None = None) -> str | None:
+    """Why the loaded GNN does not apply on `gpu` in `mode` and `dtype`, or None when it does:
+    it corrects only what its card's applies_to covers (the GPUs, modes and precision it was
+    trained on), as the end-to-end effects it learned are the training GPU's."""
     a = (models.card.get("gnn") or {}).get("applies_to")
     if not isinstance(a, dict):
         return None
-    gpus, modes = a.get("gpus"), a.get("modes")
+    gpus, modes, want = a.get("gpus"), a.get("modes"), a.get("dtype")
     if isinstance(gpus, list) and gpus and gpu not in gpus:
         return f"it was trained on {', '.join(map(str, gpus))} only"
     if isinstance(modes, list) and modes and mode not in modes:
         return f"it was trained on {', '.join(map(str, modes))} steps only"
+    if dtype is not None and isinstance(want, str) and want and dtype != want:
+        return f"it was trained on {want} steps only"
     return None
 
 

@@ -587,7 +587,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     gnn = models.gnn if models is not None and predictor == "auto" else None
     if gnn is not None:
         why = ("compiled mode re-times the fused kernels analytically" if compiled
-               else gnn_skip_reason(models, spec.name, str(t.meta.get("mode", ""))))
+               else gnn_skip_reason(models, spec.name, str(t.meta.get("mode", "")),
+                                    str(t.meta.get("dtype", ""))))
         if why is not None:
             gnn = None
             notes.append(f"end-to-end GNN ({models.gnn_path}) not applied: {why}")

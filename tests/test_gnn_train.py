@@ -202,6 +202,10 @@ def test_predict_applies_the_shipped_gnn_only_where_it_was_trained():
     r = blink.predict_trace(tr, "RTX3090")
     assert "gnn" not in r.predictor
     assert any("inference steps only" in n for n in r.notes)
+    # nor in a precision it never saw (it learned AMP fp16 graphs)
+    f = blink.predict_trace(blink.trace_model("timm:resnet18", batch_size=8), "RTX3090")
+    assert "gnn" not in f.predictor
+    assert any("GNN" in n and "amp-fp16 steps only" in n for n in f.notes)
     # the correction is the shipped network's on the graph predict built ...
     g = gnn.unit_graph(t, "RTX3090", models=learned.load_models(MODELS))
     c = gnn.load_native(MODELS / "gnn.safetensors").forward(g)
