@@ -655,16 +655,16 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     blended = False
     train_corrected = False
     mode = str(t.meta.get("mode", ""))
+    train_applies = False
     if (models is not None and models.train_forest is not None and mode == "train"
             and predictor == "auto"):
         why = ("compiled mode re-times the fused kernels analytically" if compiled
                else train_correction_skip_reason(models, spec.name,
                                                  str(t.meta.get("dtype", ""))))
+        train_applies = why is None
         if why is not None:
             notes.append(f"training-step correction ({models.train_forest_path}) not applied: "
                          f"{why}")
-    else:
-        why = "no training-step correction"
     if gnn_c == gnn_c and models is not None and models.model_forest is not None:
         # Where the GNN applies, its time is blended with the model-level correction's (card
         # gnn.blend: held-out-family errors of the two are partly independent). The correction
@@ -677,7 +677,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         blended = True
         notes.append(f"end-to-end time {gnn_ms:.3f} ms (GNN) ^ {w:g} x {corr_ms:.3f} ms "
                      f"(model-level correction, {models.model_forest_path}) ^ {1.0 - w:g}")
-    elif why is None and models is not None:
+    elif train_applies and models is not None:
         # A training step on the GPU and precision the training-step correction learned: its
         # end-to-end time is the analytic timeline's, corrected (card model_level_train); the
         # unit times stay the forests' / analytic ones.

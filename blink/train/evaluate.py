@@ -509,6 +509,20 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
                                f"of held-out families ({len(set(tt.family.tolist()))} families)",
                                t_rows, tpred))
         results["train_families"] = {n: m for n, _, m in t_rows}
+        # Unseen batch sizes (families seen): fitted on one side of a batch threshold, tested on
+        # the other, both ways.
+        tb_rows = []
+        for name, trn in (("batch < 128 (fitted on >= 128)", tt.batch >= 128),
+                          ("batch > 256 (fitted on <= 256)", tt.batch <= 256)):
+            tst = ~trn
+            br = {"roofline": tt.roofline_ms, "analytic": tt.analytic_ms}
+            for p in ("baseline", "correction"):
+                br[p] = np.full(len(tt), math.nan)
+                br[p][tst] = ml.fit_predict(tt, p, trn, tst)
+            tb_rows.append((name, int(tst.sum()), _model_metrics(tt, br, tst, tpred)))
+        text.append(long_table("timm-rtx3090 training steps, batch sizes not trained (no "
+                               "interval)", tb_rows, tpred))
+        results["train_batch"] = {n: m for n, _, m in tb_rows}
         say(f"training steps: {len(tt)} timm models evaluated")
     else:
         text.append(f"(no timm training-step cache at {tcache}: training-step rows skipped)")
