@@ -18,7 +18,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--refresh-timm", action="store_true",
                     help="re-trace the timm models: the model-level cache, then the graphs with "
                     "the forests just fitted, then the training steps (after cost-model "
-                    "changes; about 20 minutes)")
+                    "changes; about 25 minutes)")
     ap.add_argument("--rows-per-file", type=int, default=6000,
                     help="NeuSight bmm/linear rows per GPU file (default 6000)")
     ap.add_argument("--mixed-rows", type=int, default=None,
