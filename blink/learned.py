@@ -429,7 +429,8 @@ def _load_train_level(models: LearnedModels, d: Path, card_path: Path, e: Any) -
                                "names) and 'dtype'")
     models.train_forest, models.train_forest_path, models.train_clip = _load_model_forest(
         d, card_path, e, "model_level_train")
-    models.train_applies = {"gpus": list(a["gpus"]), "dtype": a["dtype"]}
+    models.train_applies = {"gpus": list(a["gpus"]), "dtype": a["dtype"],
+                            "optimizer": str(a.get("optimizer") or "")}
 
 
 def blend_ms(gnn_ms: Any, corr_ms: Any, weight_gnn: float) -> Any:

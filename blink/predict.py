@@ -688,6 +688,12 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         notes.append(f"end-to-end time {time_ms:.3f} ms from the training-step correction "
                      f"({models.train_forest_path}) of the analytic timeline; the timeline and "
                      f"units show the per-unit schedule ({steps_ms:.3f} ms)")
+        learned_opt, opt = models.train_applies.get("optimizer"), t.meta.get("optimizer")
+        if learned_opt and opt != learned_opt:
+            # Applied all the same: the optimizer is a few percent of a step, and the
+            # correction's inputs include its analytic time.
+            notes.append(f"the training-step correction learned {learned_opt} steps; this "
+                         f"step's optimizer ({opt}) is an extrapolation for it")
     skip: list[int] = []
     if compiled:
         from .compile import compiled_units

@@ -138,6 +138,13 @@ def test_predict_applies_the_training_step_correction_only_where_it_was_trained(
                    for n in q.notes), q.notes
     inf = blink.trace_model("timm:resnet18", batch_size=32, dtype="amp-fp16")
     assert "training-step" not in " ".join(blink.predict_trace(inf, "RTX3090").notes)
+    # it learned SGD steps: an AdamW step gets it too, with a note saying so
+    assert not any("extrapolation" in n for n in p.notes)
+    adam = blink.trace_model("timm:resnet18", batch_size=32, dtype="amp-fp16", mode="train",
+                             optimizer="adamw")
+    pa = blink.predict_trace(adam, "RTX3090")
+    assert pa.predictor == "model"
+    assert any("learned sgd steps" in n and "adamw" in n for n in pa.notes), pa.notes
 
 
 @shipped

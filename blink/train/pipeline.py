@@ -341,6 +341,7 @@ def _train_steps(out_dir: Path, cache: Path,
         "features": list(ml.CORRECTION_FEATURES), "clip": list(CLIP),
         "feature_definitions": "as model_level's",
         "applies_to": {"gpus": ["RTX3090"], "dtype": "amp-fp16", "mode": "train",
+                       "optimizer": "sgd",
                        "models": "timm image classifiers (zero_grad, forward + cross entropy "
                                  "under AMP, backward, SGD with momentum)"},
         "params": _params(ml.MODEL_PARAMS, ml.MODEL_ROUNDS), "rows": len(mt),
