@@ -352,6 +352,12 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
         graphs = CACHE.with_name("timm_rtx3090_graphs.npz").is_file()
         assert set(fam) == {"roofline", "analytic", "baseline", "correction"} | (
             {"trees"} if graphs else set())
+    if CACHE.with_name("timm_rtx3090_train.csv.gz").is_file():
+        steps = res["train_families"]["all held-out families"]
+        assert set(steps) == {"roofline", "analytic", "baseline", "correction"}
+        assert steps["correction"]["mape"] < steps["analytic"]["mape"]
+        assert "timm-rtx3090 training steps" in text
+        assert len(res["train_batch"]) == 2
     pngs = sorted(p.name for p in (tmp_path / "e").glob("*.png"))
     assert "unit_pred_vs_measured.png" in pngs and "error_vs_batch.png" in pngs
 

@@ -230,6 +230,16 @@ def model_folds(mt: ml.ModelTable, coverage: float, k: int = 5, gs: GraphSet | N
     return out
 
 
+def _fit_unseen(mt: ml.ModelTable, trn: np.ndarray) -> dict[str, np.ndarray]:
+    """The whole-model baseline and the correction fitted on rows `trn`, predicting the other
+    rows (NaN on `trn`): the batch-extrapolation splits."""
+    out = {}
+    for p in ("baseline", "correction"):
+        out[p] = np.full(len(mt), math.nan)
+        out[p][~trn] = ml.fit_predict(mt, p, trn, ~trn)
+    return out
+
+
 def _model_metrics(mt: ml.ModelTable, r: dict[str, np.ndarray], m: np.ndarray,
                    predictors: tuple[str, ...] = PREDICTORS_MODEL) -> dict[str, dict]:
     out = {}
@@ -467,11 +477,7 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
         tst = ~trn
         if tst.sum() >= 10:
             br = {"roofline": mt.roofline_ms, "analytic": mt.analytic_ms,
-                  "trees": mres["trees"]}
-            for p in ("baseline", "correction"):
-                v = np.full(len(mt), math.nan)
-                v[tst] = ml.fit_predict(mt, p, trn, tst)
-                br[p] = v
+                  "trees": mres["trees"], **_fit_unseen(mt, trn)}
             if gs is not None and gnn:
                 gi = gnn_fit.align(gs, mt.model, mt.batch, mt.img_size)
                 br["trees+gnn"] = gnn_fit.oof(gs, "trees", gi, mt.measured_ms, [tst])
@@ -514,12 +520,8 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
         tb_rows = []
         for name, trn in (("batch < 128 (fitted on >= 128)", tt.batch >= 128),
                           ("batch > 256 (fitted on <= 256)", tt.batch <= 256)):
-            tst = ~trn
-            br = {"roofline": tt.roofline_ms, "analytic": tt.analytic_ms}
-            for p in ("baseline", "correction"):
-                br[p] = np.full(len(tt), math.nan)
-                br[p][tst] = ml.fit_predict(tt, p, trn, tst)
-            tb_rows.append((name, int(tst.sum()), _model_metrics(tt, br, tst, tpred)))
+            br = {"roofline": tt.roofline_ms, "analytic": tt.analytic_ms, **_fit_unseen(tt, trn)}
+            tb_rows.append((name, int((~trn).sum()), _model_metrics(tt, br, ~trn, tpred)))
         text.append(long_table("timm-rtx3090 training steps, batch sizes not trained (no "
                                "interval)", tb_rows, tpred))
         results["train_batch"] = {n: m for n, _, m in tb_rows}
