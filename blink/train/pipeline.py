@@ -216,9 +216,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
                         "analytic": _m(metrics(mt.analytic_ms, mt.measured_ms, q_ana)),
                         "correction": _m(metrics(p_corr, mt.measured_ms, q_corr))},
         }
-        prov = cache.with_suffix("").with_suffix(".provenance.json")
-        cache_info = {"path": _rel(cache, repo_root()), "sha256": sha256_file(cache),
-                      "provenance": json.loads(prov.read_text()) if prov.is_file() else None}
+        cache_info = _cache_info(cache)
         say(f"model level: {len(mt)} timm models, held-out-family MAPE analytic "
             f"{model_card['metrics']['analytic']['mape']:.1f}% -> correction "
             f"{model_card['metrics']['correction']['mape']:.1f}%")
@@ -318,6 +316,13 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     return card
 
 
+def _cache_info(cache: Path) -> dict[str, Any]:
+    """A timm cache as the card names it: path, sha256 and its provenance JSON (None if absent)."""
+    prov = cache.with_suffix("").with_suffix(".provenance.json")
+    return {"path": _rel(cache, repo_root()), "sha256": sha256_file(cache),
+            "provenance": json.loads(prov.read_text()) if prov.is_file() else None}
+
+
 def _train_steps(out_dir: Path, cache: Path,
                  say: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The training-step correction (forest_model_train.json) on the timm training file's
@@ -335,7 +340,6 @@ def _train_steps(out_dir: Path, cache: Path,
     q_ana = conformal_q(np.abs(np.log(mt.measured_ms / mt.analytic_ms)), COVERAGE)
     m_ana = metrics(mt.analytic_ms, mt.measured_ms, q_ana)
     m_corr = metrics(p_corr, mt.measured_ms, q_corr)
-    prov = cache.with_suffix("").with_suffix(".provenance.json")
     card: dict[str, Any] = {
         "target": "log(measured / analytic time_ms) of a whole training step",
         "features": list(ml.CORRECTION_FEATURES), "clip": list(CLIP),
@@ -345,8 +349,7 @@ def _train_steps(out_dir: Path, cache: Path,
                        "models": "timm image classifiers (zero_grad, forward + cross entropy "
                                  "under AMP, backward, SGD with momentum)"},
         "params": _params(ml.MODEL_PARAMS, ml.MODEL_ROUNDS), "rows": len(mt),
-        "timm_cache": {"path": _rel(cache, repo_root()), "sha256": sha256_file(cache),
-                       "provenance": json.loads(prov.read_text()) if prov.is_file() else None},
+        "timm_cache": _cache_info(cache),
         "metrics": {"split": "5 folds of held-out timm families",
                     "roofline": _m(metrics(mt.roofline_ms, mt.measured_ms)),
                     "analytic": _m(m_ana), "correction": _m(m_corr)},
