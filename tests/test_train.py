@@ -112,7 +112,10 @@ def test_feature_vector_has_the_contract_names(small_tables):
     allowed = (set(f) - {"kind", "host_dispatch_time_s"}) | set(D.GPU_FEATURES)
     assert names <= allowed
     v = D.feature_vector(f, "T4")
-    assert v["math_mode"] == D.MATH_MODES.index("fp32_simt")
+    # Enum codes are not forest inputs; the precision enters as tensor_core.
+    assert "math_mode" not in v and "dtype" not in v and v["tensor_core"] == 0.0
+    f16 = D.unit_features("aten::mm", *D.deepbench_gemm_op(64, 64, 64, "N", "N", 5)[1:], "T4")
+    assert D.feature_vector(f16, "T4")["tensor_core"] == 1.0
     assert v["gpu_cc"] == 75.0 and v["gpu_sm_count"] == 40.0
 
 

@@ -62,6 +62,16 @@ GPU_FEATURES = ("gpu_sm_count", "gpu_clock_hz", "gpu_mem_bw", "gpu_l2_bytes", "g
 # and the host-side dispatch time (not a GPU-time feature; not in blink::feature_values).
 _NOT_FEATURES = ("kind", "host_dispatch_time_s", "error")
 
+# Unit fields the forests do not take although the core computes them: the dtype (c10
+# ScalarType code) and the math mode (blink::MathMode code) are enum codes whose order means
+# nothing. The training rows hold two precisions only (fp32 on CUDA cores, fp16 on tensor
+# cores), so a cut on either code sent a precision the rows lack to whichever side its number
+# fell: bf16 (ScalarType 15, MathMode 2) and TF32 (MathMode 1) convolutions went down the FP32
+# SIMT branch although cuDNN runs them as tensor-core implicit GEMMs, like fp16. "tensor_core"
+# (blink::feature_values) says the same as the two codes on the training rows and puts every
+# tensor-core mode on the tensor-core side; the element size is in the byte counts.
+_NOT_FOREST_INPUTS = ("dtype", "math_mode")
+
 # DeepBench's gpu column -> blink.hardware name. The workbooks do not say which board variant
 # ran; the DGX-1 V100 is SXM2 ("V100"), the P100 is taken as the PCIe part the table has.
 DEEPBENCH_GPUS: dict[str, str] = {
@@ -157,10 +167,8 @@ def feature_vector(feats: dict[str, Any], gpu: str) -> dict[str, float]:
     GPU fields. Non-finite values become NaN (XGBoost's missing value)."""
     out: dict[str, float] = {}
     for k, v in feats.items():
-        if k in _NOT_FEATURES or k in ("op_id", "op"):
+        if k in _NOT_FEATURES or k in _NOT_FOREST_INPUTS or k in ("op_id", "op"):
             continue
-        if k == "math_mode":
-            v = MATH_MODES.index(v) if v in MATH_MODES else MATH_MODES.index("other")
         x = float(v)
         out[k] = x if math.isfinite(x) else math.nan
     out.update(gpu_features(gpu))

@@ -19,7 +19,6 @@ import numpy as np
 from ..learned import blend_ms
 from . import model_level as ml
 from .data import (
-    MATH_MODES,
     NEUSIGHT_FLOOR_KEEP,
     dataset_files,
     load_units,
@@ -270,8 +269,10 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         "datasets": datasets,
         "feature_encoding": {
             "source": "blink::feature_values(UnitFeatures) + analytic_time_s + GPU fields",
-            "bools": "0.0 / 1.0", "math_mode": "blink::MathMode enum index "
-            f"({', '.join(f'{i}={m}' for i, m in enumerate(MATH_MODES))})",
+            "bools": "0.0 / 1.0",
+            "tensor_core": "1.0 where the unit's math mode runs on tensor cores (tf32, 3xtf32, "
+            "bf16_tc, fp16_tc, fp8_tc), else 0.0: the forests' precision input; dtype and "
+            "math_mode are not forest inputs (blink.train.data._NOT_FOREST_INPUTS)",
             "gpu_cc": "10 * major + minor", "gpu_clock_hz": "GpuSpec.clock_hz (boost clock)",
             "missing": "NaN (XGBoost default direction); absent GPU peaks are 0.0 as in GpuSpec",
             "prediction": "time_s = analytic_time_s * exp(clip(margin, clip[0], clip[1]))"},

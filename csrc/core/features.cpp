@@ -1895,6 +1895,9 @@ std::vector<std::pair<const char*, double>> feature_values(const UnitFeatures& f
       {"numel", d(f.numel)},
       {"dtype", d(f.dtype)},
       {"math_mode", d(static_cast<int64_t>(f.math_mode))},
+      // The forests' precision input (they do not take dtype / math_mode: see
+      // blink/train/data.py _NOT_FOREST_INPUTS).
+      {"tensor_core", is_tensor_core(f.math_mode) ? 1.0 : 0.0},
       {"tiles", d(f.tiles)},
       {"blocks_per_sm", d(f.blocks_per_sm)},
       {"waves", d(f.waves)},

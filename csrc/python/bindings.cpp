@@ -308,7 +308,8 @@ py::dict features_to_python(const UnitFeatures& f) {
   d["kind"] = unit_kind_name(f.kind);
   d["math_mode"] = math_mode_name(f.math_mode);
   for (const char* k :
-       {"matched", "backward", "trans_a", "trans_b", "transposed", "causal", "channels_last"})
+       {"matched", "backward", "trans_a", "trans_b", "transposed", "causal", "channels_last",
+        "tensor_core"})
     d[k] = d[k].cast<double>() != 0.0;
   return d;
 }
@@ -704,7 +705,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Gnn, std::shared_ptr<Gnn>>(m, "Gnn")
       .def_readonly("source", &Gnn::source)
       .def_readonly("hidden", &Gnn::hidden)
-      .def_property_readonly("layers", [](const Gnn& g) { return g.layers.size(); })
+      .def_readonly("layers", &Gnn::num_layers)
+      .def_property_readonly("members", [](const Gnn& g) { return g.members.size(); })
       .def_property_readonly("clip", [](const Gnn& g) { return py::make_tuple(g.clip_lo, g.clip_hi); })
       .def(
           "forward",
@@ -713,7 +715,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             py::gil_scoped_release release;
             return g.forward(ug);
           },
-          py::arg("graph"), "The clipped log correction for a unit graph {x, edges, g}.");
+          py::arg("graph"),
+          "The clipped log correction for a unit graph {x, edges, g}: the members' mean.")
+      .def(
+          "forward_member",
+          [](const Gnn& g, size_t member, const py::dict& graph) {
+            UnitGraph ug = graph_from_python(graph);
+            py::gil_scoped_release release;
+            return g.forward_member(member, ug);
+          },
+          py::arg("member"), py::arg("graph"), "One member network's clipped log correction.");
   m.def("load_gnn", [](const std::string& path) { return std::make_shared<Gnn>(load_gnn(path)); },
         py::arg("path"), "Read GNN weights (safetensors written by blink.gnn.save).");
   m.def("parse_gnn",
