@@ -4,8 +4,9 @@ correction of the end-to-end time. The C++ core re-implements its forward pass
 (tests/test_gnn.py). Training lives in blink/train/; this module only defines the network, its
 inputs (`unit_graph`) and its safetensors format (`save` / `load_native`).
 
-Format: safetensors; `__metadata__` holds format "blink.gnn", format_version, hidden, layers,
-clip and the node / graph feature names (JSON strings), checked by the C++ loader.
+Format: safetensors; `__metadata__` holds format "blink.gnn", format_version, members, hidden,
+layers, clip and the node / graph feature names (JSON strings), checked by the C++ loader. The
+tensors are a GnnEnsemble's state_dict: "members.<k>.<UnitGNN tensor>".
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from ._ext import load
 _C = load()
 
 FORMAT = "blink.gnn"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a seed ensemble (members); 1 held one network
 
 
 def node_feature_names() -> list[str]:
@@ -107,11 +108,39 @@ class UnitGNN(nn.Module):
                     torch.as_tensor(graph["g"], dtype=dt))
 
 
+class GnnEnsemble(nn.Module):
+    """K UnitGNNs of one configuration (trained from different seeds): the correction is the
+    mean of the members' clipped corrections, as the C++ Gnn::forward computes it."""
+
+    def __init__(self, members: list[UnitGNN]):
+        super().__init__()
+        if not members:
+            raise ValueError("a GnnEnsemble needs at least one member")
+        first = members[0]
+        for m in members[1:]:
+            if (m.hidden, len(m.layers), m.clip) != (first.hidden, len(first.layers), first.clip):
+                raise ValueError("the members of a GnnEnsemble must share hidden, layers, clip")
+        self.members = nn.ModuleList(members)
+        self.hidden, self.clip = first.hidden, first.clip
+
+    def forward(self, x: torch.Tensor, edges: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(x, edges, g) for m in self.members]).mean(dim=0)
+
+    def forward_batch(self, x: torch.Tensor, edges: torch.Tensor, g: torch.Tensor,
+                      seg: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m.forward_batch(x, edges, g, seg) for m in self.members]).mean(dim=0)
+
+    def forward_graph(self, graph: dict[str, Any]) -> torch.Tensor:
+        return torch.stack([m.forward_graph(graph) for m in self.members]).mean(dim=0)
+
+
 _ST_DTYPES = {torch.float32: "F32", torch.float64: "F64"}
 
 
-def save(model: UnitGNN, path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> None:
-    """Write the weights and their config as safetensors (what blink._C.load_gnn reads).
+def save(model: UnitGNN | GnnEnsemble, path: str | os.PathLike[str],
+         dtype: torch.dtype = torch.float32) -> None:
+    """Write the weights and their config as safetensors (what blink._C.load_gnn reads); a
+    single UnitGNN is written as an ensemble of one.
 
     Written here rather than by safetensors.save_file, whose header orders the metadata by a
     per-process hash: the same network must give the same bytes (blink train is deterministic).
@@ -120,10 +149,12 @@ def save(model: UnitGNN, path: str | os.PathLike[str], dtype: torch.dtype = torc
     to a multiple of 8, then the tensors' little-endian bytes in header order."""
     if dtype not in _ST_DTYPES:
         raise ValueError(f"dtype {dtype} is not one of {', '.join(map(str, _ST_DTYPES))}")
-    tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    ens = model if isinstance(model, GnnEnsemble) else GnnEnsemble([model])
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in ens.state_dict().items()}
     meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
-            "hidden": str(model.hidden), "layers": str(len(model.layers)),
-            "clip": json.dumps(list(model.clip)),
+            "members": str(len(ens.members)),
+            "hidden": str(ens.hidden), "layers": str(len(ens.members[0].layers)),
+            "clip": json.dumps(list(ens.clip)),
             "node_features": json.dumps(node_feature_names()),
             "graph_features": json.dumps(graph_feature_names())}
     header: dict[str, Any] = {"__metadata__": dict(sorted(meta.items()))}

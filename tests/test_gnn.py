@@ -102,6 +102,37 @@ def test_cxx_forward_matches_pytorch(graphs, name, seed, tmp_path):
     assert gnn.load_native(path).forward(graph) == pytest.approx(ref32, rel=1e-5, abs=1e-5)
 
 
+def test_ensemble_forward_is_the_members_mean(graphs, tmp_path):
+    """A seed ensemble: the C++ forward of a 3-member file equals PyTorch's GnnEnsemble (the mean
+    of the members' clipped corrections), and each member equals its own UnitGNN."""
+    _t, graph = graphs["resnet18-inference"]
+    nets = [_random_net(graph, s, hidden=12, layers=2) for s in (4, 5, 6)]
+    ens = gnn.GnnEnsemble(nets)
+    gnn.save(ens, tmp_path / "e.safetensors", dtype=torch.float64)
+    native = gnn.load_native(tmp_path / "e.safetensors")
+    assert native.members == 3 and native.hidden == 12 and native.layers == 2
+    with torch.no_grad():
+        each = [float(n.forward_graph(graph)) for n in nets]
+        ref = float(ens.forward_graph(graph))
+    assert len({round(v, 6) for v in each}) == 3  # three different members
+    assert ref == pytest.approx(sum(each) / 3, abs=1e-12)
+    for k, v in enumerate(each):
+        assert native.forward_member(k, graph) == pytest.approx(v, rel=1e-5, abs=1e-5)
+    assert native.forward(graph) == pytest.approx(ref, rel=1e-5, abs=1e-5)
+    # each member is clipped before the mean (a narrow clip that binds some members only)
+    tight = [_random_net(graph, s, hidden=12, layers=2, clip=(-0.3, 0.3)) for s in (4, 5, 6)]
+    gnn.save(gnn.GnnEnsemble(tight), tmp_path / "t.safetensors", dtype=torch.float64)
+    with torch.no_grad():
+        clipped = [float(n.forward_graph(graph)) for n in tight]
+    assert 0.3 in [abs(v) for v in clipped] and min(abs(v) for v in clipped) < 0.3
+    assert gnn.load_native(tmp_path / "t.safetensors").forward(graph) == pytest.approx(
+        sum(clipped) / 3, rel=1e-5, abs=1e-5)
+    with pytest.raises(blink.BlinkError, match="member 3 of 3"):
+        native.forward_member(3, graph)
+    with pytest.raises(ValueError, match="share hidden, layers, clip"):
+        gnn.GnnEnsemble([nets[0], _random_net(graph, 7, hidden=8)])
+
+
 def test_random_graphs_and_clip(tmp_path):
     rng = np.random.default_rng(3)
     nf, ng = len(gnn.node_feature_names()), len(gnn.graph_feature_names())
@@ -158,13 +189,16 @@ def _drop(name):
 
 
 BAD = [
-    ("version", _meta("format_version", "2"), "format_version 2"),
+    ("version", _meta("format_version", "1"), "format_version 1"),
     ("format", _meta("format", "other"), "format is not \"blink.gnn\""),
     ("schema", _meta("node_features", json.dumps(["a"])), "feature names differ"),
     ("hidden", _meta("hidden", "12"), "has shape [24, 22], the config implies [12, 22]"),
-    ("dtype", _tensor("inp.bias", "dtype", "I64"), "dtype I64"),
-    ("offsets", _tensor("head.bias", "data_offsets", [0, 10 ** 9]), "do not span"),
-    ("missing", _drop("readout.weight"), "tensor \"readout.weight\" is missing"),
+    ("members", _meta("members", "2"), "tensor \"members.1.node_mean\" is missing"),
+    ("no_members", _meta("members", "0"), "members 0 out of range"),
+    ("dtype", _tensor("members.0.inp.bias", "dtype", "I64"), "dtype I64"),
+    ("offsets", _tensor("members.0.head.bias", "data_offsets", [0, 10 ** 9]), "do not span"),
+    ("missing", _drop("members.0.readout.weight"),
+     "tensor \"members.0.readout.weight\" is missing"),
     ("truncated", lambda h, d: (h, d[: len(d) // 2]), "past the end of the file"),
 ]
 

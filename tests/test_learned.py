@@ -304,3 +304,30 @@ def test_bad_conformal_table(tmp_path, traces, monkeypatch):
     monkeypatch.setenv("BLINK_MODELS_DIR", str(d))
     with pytest.raises(ArtifactError, match=r"conformal.json: coverage 1.5 is not in \(0, 1\)"):
         predict_trace(traces[2], GPU)
+
+
+def test_shipped_conv_forest_reads_every_tensor_core_mode_as_one(monkeypatch):
+    """The conv forest learned fp32 (CUDA cores) and fp16 (tensor cores) kernels only. bf16 and
+    TF32 convolutions run as tensor-core implicit GEMMs too, so they must take the forest's
+    tensor-core side: a bf16 conv of the same shape gets exactly the fp16 conv's correction on
+    the H200 (equal bf16 / fp16 peaks and bytes), and TF32 enters as a tensor-core unit."""
+    monkeypatch.delenv("BLINK_MODELS_DIR", raising=False)
+    card = json.loads((learned.models_dir() / "card.json").read_text())
+    if "conv" not in card.get("forests", {}):
+        pytest.skip("models/ ships no conv forest")
+    feats = card["forests"]["conv"]["features"]
+    assert "tensor_core" in feats and "dtype" not in feats and "math_mode" not in feats
+    ratios = {}
+    for dt in ("fp16", "bf16"):
+        p = blink.predict("torchvision:resnet18", batch_size=8, gpu="H200", dtype=dt)
+        convs = [u for u in p.units if u.kind == "conv"]
+        assert len(convs) == 20
+        assert all(u.source == "trees" and u.math_mode == f"{dt}_tc" for u in convs)
+        ratios[dt] = [u.time_ms / u.analytic_ms for u in convs]
+    assert ratios["bf16"] == pytest.approx(ratios["fp16"], rel=1e-9)
+    t = blink.trace_model("torchvision:resnet18", batch_size=8)
+    for tf32, want in ((True, 1.0), (False, 0.0)):
+        r = learned.trace_input_rows(t, "H200", allow_tf32_cudnn=tf32)
+        conv = np.array(r["kind"]) == "conv"
+        col = r["rows"][conv, r["names"].index("tensor_core")]
+        assert conv.sum() == 20 and set(col.tolist()) == {want}

@@ -139,6 +139,18 @@ std::vector<double> transposed(const std::vector<double>& w, size_t rows, size_t
 }  // namespace
 
 double Gnn::forward(const UnitGraph& graph) const {
+  BLINK_CHECK(!members.empty(), source + ": the GNN has no member networks");
+  double sum = 0.0;
+  for (size_t k = 0; k < members.size(); ++k) sum += forward_member(k, graph);
+  return sum / static_cast<double>(members.size());
+}
+
+double Gnn::forward_member(size_t member, const UnitGraph& graph) const {
+  BLINK_CHECK(member < members.size(), source + ": member " + std::to_string(member) +
+                                           " of " + std::to_string(members.size()));
+  const GnnNet& net = members[member];
+  const auto& [node_mean, node_std, graph_mean, graph_std, in_w, in_b, layers, readout_w,
+               readout_b, head_w, head_b] = net;
   const size_t n = static_cast<size_t>(graph.num_nodes);
   const size_t nf = node_mean.size(), ng = graph_mean.size(), h = static_cast<size_t>(hidden);
   BLINK_CHECK(graph.x.size() == n * nf && graph.g.size() == ng && graph.src.size() == graph.dst.size(),
@@ -323,10 +335,12 @@ Gnn parse_gnn(const std::string& bytes, const std::string& source) {
     }
     g.hidden = meta_int(r, *meta, "hidden");
     const int64_t nl = meta_int(r, *meta, "layers");
-    if (g.hidden < 1 || g.hidden > 1024 || nl < 0 || nl > 16) {
+    const int64_t nm = meta_int(r, *meta, "members");
+    if (g.hidden < 1 || g.hidden > 1024 || nl < 0 || nl > 16 || nm < 1 || nm > 16) {
       r.fail("hidden " + std::to_string(g.hidden) + " / layers " + std::to_string(nl) +
-             " out of range (1..1024, 0..16)");
+             " / members " + std::to_string(nm) + " out of range (1..1024, 0..16, 1..16)");
     }
+    g.num_layers = nl;
     const json::Value clip = json::parse(
         meta->at("clip", "__metadata__").as_string("__metadata__.clip"), source + " clip");
     const std::vector<double>& cl = clip.as_numbers("__metadata__.clip");
@@ -336,29 +350,36 @@ Gnn parse_gnn(const std::string& bytes, const std::string& source) {
     const int64_t h = g.hidden;
     const int64_t nf = static_cast<int64_t>(gnn_node_feature_names().size());
     const int64_t ngf = static_cast<int64_t>(gnn_graph_feature_names().size());
-    g.node_mean = r.tensor("node_mean", {nf});
-    g.node_std = r.tensor("node_std", {nf});
-    g.graph_mean = r.tensor("graph_mean", {ngf});
-    g.graph_std = r.tensor("graph_std", {ngf});
-    for (double s : g.node_std) if (!(s > 0.0)) r.fail("node_std has a non-positive entry");
-    for (double s : g.graph_std) if (!(s > 0.0)) r.fail("graph_std has a non-positive entry");
     const size_t hs = static_cast<size_t>(h);
-    g.in_w = transposed(r.tensor("inp.weight", {h, nf}), hs, static_cast<size_t>(nf));
-    g.in_b = r.tensor("inp.bias", {h});
-    for (int64_t l = 0; l < nl; ++l) {
-      const std::string p = "layers." + std::to_string(l) + ".";
-      GnnLayer layer;
-      layer.self_w = transposed(r.tensor(p + "self.weight", {h, h}), hs, hs);
-      layer.self_b = r.tensor(p + "self.bias", {h});
-      layer.in_w = transposed(r.tensor(p + "msg_in.weight", {h, h}), hs, hs);
-      layer.out_w = transposed(r.tensor(p + "msg_out.weight", {h, h}), hs, hs);
-      g.layers.push_back(std::move(layer));
+    for (int64_t k = 0; k < nm; ++k) {
+      const std::string m = "members." + std::to_string(k) + ".";
+      GnnNet net;
+      net.node_mean = r.tensor(m + "node_mean", {nf});
+      net.node_std = r.tensor(m + "node_std", {nf});
+      net.graph_mean = r.tensor(m + "graph_mean", {ngf});
+      net.graph_std = r.tensor(m + "graph_std", {ngf});
+      for (double s : net.node_std) if (!(s > 0.0)) r.fail(m + "node_std has a non-positive entry");
+      for (double s : net.graph_std) {
+        if (!(s > 0.0)) r.fail(m + "graph_std has a non-positive entry");
+      }
+      net.in_w = transposed(r.tensor(m + "inp.weight", {h, nf}), hs, static_cast<size_t>(nf));
+      net.in_b = r.tensor(m + "inp.bias", {h});
+      for (int64_t l = 0; l < nl; ++l) {
+        const std::string p = m + "layers." + std::to_string(l) + ".";
+        GnnLayer layer;
+        layer.self_w = transposed(r.tensor(p + "self.weight", {h, h}), hs, hs);
+        layer.self_b = r.tensor(p + "self.bias", {h});
+        layer.in_w = transposed(r.tensor(p + "msg_in.weight", {h, h}), hs, hs);
+        layer.out_w = transposed(r.tensor(p + "msg_out.weight", {h, h}), hs, hs);
+        net.layers.push_back(std::move(layer));
+      }
+      net.readout_w = transposed(r.tensor(m + "readout.weight", {h, 2 * h + ngf}), hs,
+                                 static_cast<size_t>(2 * h + ngf));
+      net.readout_b = r.tensor(m + "readout.bias", {h});
+      net.head_w = r.tensor(m + "head.weight", {1, h});
+      net.head_b = r.tensor(m + "head.bias", {1})[0];
+      g.members.push_back(std::move(net));
     }
-    g.readout_w = transposed(r.tensor("readout.weight", {h, 2 * h + ngf}), hs,
-                             static_cast<size_t>(2 * h + ngf));
-    g.readout_b = r.tensor("readout.bias", {h});
-    g.head_w = r.tensor("head.weight", {1, h});
-    g.head_b = r.tensor("head.bias", {1})[0];
   } catch (const Error& e) {
     const std::string what = e.what();
     if (what.rfind(source, 0) == 0) throw;

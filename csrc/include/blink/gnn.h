@@ -13,7 +13,8 @@
 //   h_{l+1} = relu(S_l h_l + b_l + A_l mean_{u->v} h_l[u] + B_l mean_{v->w} h_l[w])
 //   r = [mean_v h_L, max_v h_L, (g - g_mean) / g_std]
 //   c = clip(w_head . relu(W_r r + b_r) + b_head, clip_lo, clip_hi)
-// and end_to_end *= exp(c). An empty graph gives c = 0.
+// averaged over the ensemble's K networks, and end_to_end *= exp(mean c). An empty graph
+// gives c = 0.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,7 +26,7 @@
 
 namespace blink {
 
-inline constexpr int kGnnFormatVersion = 1;
+inline constexpr int kGnnFormatVersion = 2;
 
 const std::vector<std::string>& gnn_node_feature_names();
 const std::vector<std::string>& gnn_graph_feature_names();
@@ -48,24 +49,36 @@ struct GnnLayer {
   std::vector<double> self_w, self_b, in_w, out_w;  // H x H, H
 };
 
-struct Gnn {
-  std::string source;
-  int64_t hidden = 0;
-  double clip_lo = -1.0, clip_hi = 1.0;
+// One trained network of the ensemble.
+struct GnnNet {
   std::vector<double> node_mean, node_std, graph_mean, graph_std;
   std::vector<double> in_w, in_b;  // F x H, H
   std::vector<GnnLayer> layers;
   std::vector<double> readout_w, readout_b;  // (2H + G) x H, H
   std::vector<double> head_w;                // H
   double head_b = 0.0;
-
-  // The clipped log correction c of the graph's end-to-end time.
-  double forward(const UnitGraph& graph) const;
 };
 
-// Parses a safetensors file's bytes: header metadata format "blink.gnn", format_version 1,
-// hidden, layers, clip and the node / graph feature names (which must equal this build's);
-// every tensor F32 or F64 with the shape the config implies and offsets inside the file.
+// K networks of one configuration, trained from different seeds; their clipped corrections are
+// averaged (a seed ensemble: one network's held-out error depends on its seed).
+struct Gnn {
+  std::string source;
+  int64_t hidden = 0;
+  int64_t num_layers = 0;
+  double clip_lo = -1.0, clip_hi = 1.0;
+  std::vector<GnnNet> members;
+
+  // The clipped log correction c of the graph's end-to-end time: the members' mean.
+  double forward(const UnitGraph& graph) const;
+  // One member's clipped correction.
+  double forward_member(size_t member, const UnitGraph& graph) const;
+};
+
+// Parses a safetensors file's bytes: header metadata format "blink.gnn", format_version 2,
+// members (K, 1..16), hidden, layers, clip and the node / graph feature names (which must
+// equal this build's); tensors "members.<k>.<name>" (PyTorch's state_dict names of
+// blink.gnn.GnnEnsemble), each F32 or F64 with the shape the config implies and offsets
+// inside the file.
 // Throws blink::Error naming `source` and what is wrong.
 Gnn parse_gnn(const std::string& bytes, const std::string& source);
 Gnn load_gnn(const std::string& path);
