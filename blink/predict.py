@@ -639,7 +639,9 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                          "trained on (they extrapolate through the GPU's specs)")
     gnn_c = cost["gnn_log_correction"]
     if gnn_c == gnn_c and models is not None:  # not NaN: a GNN corrected end_to_end_s
-        notes.append(f"end-to-end time x{exp(gnn_c):.4f} from the GNN ({models.gnn_path}); the "
+        k = models.gnn.members if models.gnn is not None else 1
+        notes.append(f"end-to-end time x{exp(gnn_c):.4f} from the GNN ({models.gnn_path}"
+                     + (f", the mean of its {k} seed members" if k > 1 else "") + "); the "
                      "timeline shows the per-unit schedule before that correction")
     if failed:
         notes.append(f"{failed} units could not be costed (see units[].error); counted as 0")

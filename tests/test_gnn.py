@@ -236,7 +236,8 @@ def test_predict_uses_the_gnn(graphs, tmp_path, monkeypatch):
     t, graph = graphs["resnet18-inference"]
     d = tmp_path / "m"
     d.mkdir()
-    m = _random_net(graph, 7, clip=(-0.5, 0.5))
+    # a two-member seed ensemble, as blink train ships (three there)
+    m = gnn.GnnEnsemble([_random_net(graph, s, clip=(-0.5, 0.5)) for s in (7, 8)])
     gnn.save(m, d / "gnn.safetensors")
     card = {"format_version": 1, "feature_schema_version": 1, "forests": {},
             "gnn": {"file": "gnn.safetensors"}}
@@ -250,7 +251,7 @@ def test_predict_uses_the_gnn(graphs, tmp_path, monkeypatch):
     assert p.predictor == "gnn"
     assert p.time_ms == pytest.approx(base.time_ms * math.exp(c), rel=1e-5)
     assert p.gpu_busy_ms == base.gpu_busy_ms  # per-unit schedule unchanged
-    assert any("from the GNN" in n for n in p.notes)
+    assert any("from the GNN" in n and "the mean of its 2 seed members" in n for n in p.notes)
     assert predict_trace(t, GPU, host_time="table").to_dict() == p.to_dict()  # deterministic
     # a corrupt GNN is a clear error, not a silent analytic answer
     (d / "gnn.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
