@@ -123,15 +123,18 @@ class GnnEnsemble(nn.Module):
         self.members = nn.ModuleList(members)
         self.hidden, self.clip = first.hidden, first.clip
 
+    def _mean(self, method: str, *args: Any) -> torch.Tensor:
+        return torch.stack([getattr(m, method)(*args) for m in self.members]).mean(dim=0)
+
     def forward(self, x: torch.Tensor, edges: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        return torch.stack([m(x, edges, g) for m in self.members]).mean(dim=0)
+        return self._mean("forward", x, edges, g)
 
     def forward_batch(self, x: torch.Tensor, edges: torch.Tensor, g: torch.Tensor,
                       seg: torch.Tensor) -> torch.Tensor:
-        return torch.stack([m.forward_batch(x, edges, g, seg) for m in self.members]).mean(dim=0)
+        return self._mean("forward_batch", x, edges, g, seg)
 
     def forward_graph(self, graph: dict[str, Any]) -> torch.Tensor:
-        return torch.stack([m.forward_graph(graph) for m in self.members]).mean(dim=0)
+        return self._mean("forward_graph", graph)
 
 
 _ST_DTYPES = {torch.float32: "F32", torch.float64: "F64"}

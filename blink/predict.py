@@ -639,7 +639,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                          "trained on (they extrapolate through the GPU's specs)")
     gnn_c = cost["gnn_log_correction"]
     if gnn_c == gnn_c and models is not None:  # not NaN: a GNN corrected end_to_end_s
-        k = models.gnn.members if models.gnn is not None else 1
+        k = models.gnn.members  # gnn_c is set only where models.gnn ran
         notes.append(f"end-to-end time x{exp(gnn_c):.4f} from the GNN ({models.gnn_path}"
                      + (f", the mean of its {k} seed members" if k > 1 else "") + "); the "
                      "timeline shows the per-unit schedule before that correction")

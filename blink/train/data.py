@@ -50,8 +50,8 @@ __all__ = [
 ]
 
 # blink::MathMode, in enum order (csrc/include/blink/features.h): feature_values() gives the
-# enum's integer, features_for() its name; the trees see the integer, as the C++ evaluator does.
-# blink::MathMode order (the C++ enum codes the forests see)
+# enum's integer, features_for() its name. The forests take neither (_NOT_FOREST_INPUTS); the
+# card lists, in this order, the modes a forest's rows hold.
 MATH_MODES = ("fp32_simt", "tf32", "bf16_tc", "fp16_tc", "fp8_tc", "other", "3xtf32")
 
 # Hardware fields of a row's GPU (ARTIFACTS.md), from the same GpuSpec fields the core uses.
@@ -163,8 +163,8 @@ def gpu_features(gpu: str) -> dict[str, float]:
 
 def feature_vector(feats: dict[str, Any], gpu: str) -> dict[str, float]:
     """The named numeric inputs of a unit on a GPU, as the C++ evaluator builds them:
-    blink::feature_values (bools as 0/1, math mode as its enum index), analytic_time_s and the
-    GPU fields. Non-finite values become NaN (XGBoost's missing value)."""
+    blink::feature_values (bools as 0/1) less _NOT_FOREST_INPUTS, analytic_time_s and the GPU
+    fields. Non-finite values become NaN (XGBoost's missing value)."""
     out: dict[str, float] = {}
     for k, v in feats.items():
         if k in _NOT_FEATURES or k in _NOT_FOREST_INPUTS or k in ("op_id", "op"):

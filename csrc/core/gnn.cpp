@@ -340,7 +340,6 @@ Gnn parse_gnn(const std::string& bytes, const std::string& source) {
       r.fail("hidden " + std::to_string(g.hidden) + " / layers " + std::to_string(nl) +
              " / members " + std::to_string(nm) + " out of range (1..1024, 0..16, 1..16)");
     }
-    g.num_layers = nl;
     const json::Value clip = json::parse(
         meta->at("clip", "__metadata__").as_string("__metadata__.clip"), source + " clip");
     const std::vector<double>& cl = clip.as_numbers("__metadata__.clip");

@@ -705,7 +705,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Gnn, std::shared_ptr<Gnn>>(m, "Gnn")
       .def_readonly("source", &Gnn::source)
       .def_readonly("hidden", &Gnn::hidden)
-      .def_readonly("layers", &Gnn::num_layers)
+      .def_property_readonly("layers",
+                             [](const Gnn& g) { return g.members.at(0).layers.size(); })
       .def_property_readonly("members", [](const Gnn& g) { return g.members.size(); })
       .def_property_readonly("clip", [](const Gnn& g) { return py::make_tuple(g.clip_lo, g.clip_hi); })
       .def(

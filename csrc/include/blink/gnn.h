@@ -64,7 +64,6 @@ struct GnnNet {
 struct Gnn {
   std::string source;
   int64_t hidden = 0;
-  int64_t num_layers = 0;
   double clip_lo = -1.0, clip_hi = 1.0;
   std::vector<GnnNet> members;
 
