@@ -79,6 +79,9 @@ struct GemmProblem {
   // M or N at most this runs a GEMV / small-N kernel (cuBLAS: kGemvMaxDim; cuDNN's implicit
   // GEMMs only for a single-digit channel count on CUDA cores, kConvGemvMaxDim).
   int64_t gemv_max_dim = kGemvMaxDim;
+  // cublasGemmStridedBatchedEx (aten::bmm): on CUDA cores its own, shorter tile list
+  // (gemm_cost.cpp).
+  bool strided_batched = false;
 };
 
 struct GemmPlan {
