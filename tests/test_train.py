@@ -281,7 +281,7 @@ def test_conformal_coverage_on_a_held_out_split_is_nominal(elem_table):
 
 
 def test_logo_trees_beat_analytic_on_held_out_gpus(small_tables):
-    # Element-wise: a kind whose forest ships (GEMM's wins on NeuSight and loses on DeepBench,
+    # Element-wise: a kind whose forest ships (GEMM's loses to the analytic plans on held-out GPUs,
     # norm and softmax do not gain over the analytic passes model: none of them ships)
     t = small_tables["elementwise"]
     lg = logo(t, rounds=30)
