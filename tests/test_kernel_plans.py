@@ -214,19 +214,20 @@ def test_skinny_and_long_k_batched_gemms_match_neusight():
 
 
 def test_fp32_batched_gemm_pays_a_whole_64x128_tile_for_a_small_side():
-    # FP32 cublasGemmStridedBatchedEx runs the 128x128 / 128x64 sgemm kernels only (the 128 side
-    # along torch's N): N = 8, 32 and 64 cost the same tiles (one 128-wide column of them),
-    # and M = 16 the same as M = 64; a single FP32 GEMM has smaller tiles, so there N = 32
-    # costs less than N = 128. Tensor-core batched GEMMs keep their own tile list.
+    # An FP32 cublasGemmStridedBatchedEx with a side below 64 costs a whole 64x128 tile (the 128
+    # along torch's N; gemm_cost.cpp): N = 8, 32 and 64 cost the same tiles (one 128-wide column
+    # of them), and M = 16 the same as M = 64; a single FP32 GEMM has smaller tiles, so there
+    # N = 32 costs less than N = 128. Tensor-core batched GEMMs keep their own tile list.
     b, m, k = 256, 512, 512
     n8, n32, n64, n128 = (mm(m, k, n, batch=b) for n in (8, 32, 64, 128))
     for f in (n8, n32, n64):
         assert f["tile_n"] == 128 and f["tiles"] == b * math.ceil(m / f["tile_m"])
         assert f["kernel_compute_s"] == pytest.approx(n64["kernel_compute_s"], rel=1e-9)
     assert n128["kernel_compute_s"] == pytest.approx(n64["kernel_compute_s"], rel=1e-9)
-    assert mm(16, k, 256, batch=b)["tile_m"] == 64
-    assert mm(16, k, 256, batch=b)["kernel_compute_s"] == pytest.approx(
-        mm(64, k, 256, batch=b)["kernel_compute_s"], rel=1e-9)
+    m16 = mm(16, k, 256, batch=b)
+    assert m16["tile_m"] == 64
+    assert m16["kernel_compute_s"] == pytest.approx(mm(64, k, 256, batch=b)["kernel_compute_s"],
+                                                    rel=1e-9)
     assert mm(b * m, k, 32)["kernel_compute_s"] < 0.6 * mm(b * m, k, 128)["kernel_compute_s"]
     assert mm(m, k, 8, dt=F16, batch=b)["tile_n"] < 128
 
