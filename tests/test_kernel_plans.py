@@ -213,23 +213,74 @@ def test_skinny_and_long_k_batched_gemms_match_neusight():
     assert statistics.median(skinny) / statistics.median(rest) < 3.0
 
 
-def test_fp32_batched_gemm_pays_a_whole_64x128_tile_for_a_small_side():
-    # An FP32 cublasGemmStridedBatchedEx with a side below 64 costs a whole 64x128 tile (the 128
-    # along torch's N; gemm_cost.cpp): N = 8, 32 and 64 cost the same tiles (one 128-wide column
-    # of them), and M = 16 the same as M = 64; a single FP32 GEMM has smaller tiles, so there
-    # N = 32 costs less than N = 128. Tensor-core batched GEMMs keep their own tile list.
+def test_fp32_batched_gemm_tiles_follow_the_architecture():
+    # An FP32 cublasGemmStridedBatchedEx runs one kernel per architecture family whatever the
+    # shape: ampere_sgemm_128x128 on Ampere, maxwell_sgemm_128x64 (64 rows x 128 columns in
+    # torch's terms) on Pascal, so a side below the tile costs the whole tile: N = 8, 32 and 64
+    # cost what N = 128 costs, and M = 16 what a full tile of rows costs. Volta has smaller
+    # batched kernels (volta_sgemm_64x64, 128x32, 32x128), so there N = 32 costs less than
+    # N = 128. Tensor-core batched GEMMs keep their own tile list.
     b, m, k = 256, 512, 512
-    n8, n32, n64, n128 = (mm(m, k, n, batch=b) for n in (8, 32, 64, 128))
-    for f in (n8, n32, n64):
-        assert f["tile_n"] == 128 and f["tiles"] == b * math.ceil(m / f["tile_m"])
-        assert f["kernel_compute_s"] == pytest.approx(n64["kernel_compute_s"], rel=1e-9)
-    assert n128["kernel_compute_s"] == pytest.approx(n64["kernel_compute_s"], rel=1e-9)
-    m16 = mm(16, k, 256, batch=b)
-    assert m16["tile_m"] == 64
-    assert m16["kernel_compute_s"] == pytest.approx(mm(64, k, 256, batch=b)["kernel_compute_s"],
-                                                    rel=1e-9)
-    assert mm(b * m, k, 32)["kernel_compute_s"] < 0.6 * mm(b * m, k, 128)["kernel_compute_s"]
+    for gpu, (tm, tn) in (("A100-40GB", (128, 128)), ("P100", (64, 128))):
+        n8, n32, n64, n128 = (mm(m, k, n, gpu=gpu, batch=b) for n in (8, 32, 64, 128))
+        for f in (n8, n32, n64, n128):
+            assert (f["tile_m"], f["tile_n"]) == (tm, tn)
+            assert f["tiles"] == b * math.ceil(m / tm)
+            assert f["kernel_compute_s"] == pytest.approx(n128["kernel_compute_s"], rel=1e-9)
+        m16 = mm(16, k, 256, gpu=gpu, batch=b)
+        assert m16["kernel_compute_s"] == pytest.approx(
+            mm(tm, k, 256, gpu=gpu, batch=b)["kernel_compute_s"], rel=1e-9)
+    v32, v128 = (mm(m, k, n, gpu="V100-PCIe", batch=b) for n in (32, 128))
+    assert v32["tile_n"] == 32 and v32["kernel_compute_s"] < 0.6 * v128["kernel_compute_s"]
     assert mm(m, k, 8, dt=F16, batch=b)["tile_n"] < 128
+
+
+def _cublas_tile(kernel: str) -> tuple[int, int] | None:
+    """(rows, columns) in torch's terms of a cuBLAS <arch>_sgemm_AxB kernel: A runs along
+    cuBLAS's column-major m, which is torch's N."""
+    import re
+
+    hit = re.search(r"sgemm_(\d+)x(\d+)", kernel)
+    return (int(hit.group(2)), int(hit.group(1))) if hit else None
+
+
+def test_fp32_gemm_plans_use_the_kernels_cublas_ran():
+    # The public NeuSight rows name the kernel cuBLAS ran (Kernel Name; PyTorch 2.1, CUDA 12.1).
+    # torch.bmm ran a single kernel on the A100 (ampere_sgemm_128x128), P100 and P4
+    # (maxwell_sgemm_128x64): Blink plans that tile for nearly every row. Everywhere else the
+    # planned tile is one of the tiles cuBLAS ran for that op on the GPU's architecture (Pascal:
+    # P100 + P4, Volta / Turing: V100 + T4, Ampere: A100); the plan's choice among them is a cost
+    # estimate, not cuBLAS's heuristic.
+    from collections import Counter
+
+    from blink import data_public as dp
+
+    root = dp.data_dir()
+    if root is None:
+        pytest.skip("public NeuSight data not present (shared/data/public/neusight-train)")
+    for family in ("bmm", "linear"):
+        rows = dp.load_family(root, family, max_rows_per_file=600, seed=1)
+        ran: dict[int, set[tuple[int, int]]] = {}  # by compute capability major
+        for r in dp.load_family(root, family):
+            t = _cublas_tile(r.kernel)
+            if t is not None:
+                ran.setdefault(get_gpu(r.gpu).compute_capability[0], set()).add(t)
+        hits: Counter[str] = Counter()
+        inside: Counter[str] = Counter()
+        total: Counter[str] = Counter()
+        for r in rows:
+            f = dp.predict(r)
+            if min(f["m"], f["n"]) <= 8 and family == "linear":
+                continue  # the GEMV path: not an sgemm tile
+            plan = (int(f["tile_m"]), int(f["tile_n"]))
+            total[r.gpu] += 1
+            hits[r.gpu] += plan == _cublas_tile(r.kernel)
+            inside[r.gpu] += plan in ran[get_gpu(r.gpu).compute_capability[0]]
+        assert len(total) == 5
+        for gpu, n in total.items():
+            assert inside[gpu] / n >= 0.99, (family, gpu, inside[gpu], n)
+            if family == "bmm" and get_gpu(gpu).name in ("A100-PCIe-40GB", "P100", "P4"):
+                assert hits[gpu] / n >= 0.95, (gpu, hits[gpu], n)
 
 
 def test_fp32_batched_gemms_with_a_small_side_match_neusight():

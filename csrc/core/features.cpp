@@ -302,6 +302,12 @@ Tiling f_gemm(const Ctx& c, const Rule& r, UnitFeatures& f) {
   f.batch = batch;
   f.trans_a = transposed_operand(a);
   f.trans_b = transposed_operand(b);
+  if (c.op == "aten::_addmm_activation") {
+    f.cublaslt_epilogue = true;
+  } else if (c.op == "aten::addmm") {
+    const TensorInfo* bias = tensor_at(c.in, 0);
+    f.cublaslt_epilogue = bias != nullptr && bias->sizes.size() == 1 && batch == 1;
+  }
   f.flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) *
             static_cast<double>(k);
   f.bytes_read = read_bytes(c);

@@ -29,26 +29,77 @@ constexpr TileShape kTcTiles[] = {
     {256, 128, 1, 1.00}, {128, 256, 1, 1.00}, {128, 128, 2, 0.95},
     {128, 64, 2, 0.85},  {64, 128, 2, 0.85},  {64, 64, 4, 0.68},
 };
-// SGEMM tiles (maxwell/volta/ampere_sgemm_128x128, 128x64, 64x64, 32x32 kernels).
+// CUDA-core implicit-GEMM tiles of cuDNN's FP32 convolutions (its *_scudnn_128x128 / 128x64 /
+// 128x32 and implicit_convolve_sgemm kernels), costed by the same tile model.
 constexpr TileShape kSimtTiles[] = {
     {128, 128, 1, 1.00}, {128, 64, 2, 0.97}, {64, 64, 4, 0.88},
     {64, 32, 4, 0.75},   {32, 32, 8, 0.55},
 };
-// Strided-batched SGEMM (aten::bmm in FP32: cublasGemmStridedBatchedEx). cuBLAS has small
-// batched sgemm kernels too (*_sgemm_32x32_sliced1x4, *_sgemm_64x32_sliced1x4), but a batched
-// product with a side below 64 costs what a 64x128 tile (in torch's (M, N): the 128 along N,
-// cuBLAS's column-major M) costs: the whole tile, however little of it the matrix fills. Read
-// off the public NeuSight FP32 bmm rows (shared/data/public/neusight-train, PyTorch 2.1): with
-// N < 64 the A100, P100, P4 and T4 ran as a 64x128 tile predicts, where the single-GEMM tile
-// list (64x32, 32x32 tiles) planned them 2.2-2.7x too fast. Blink therefore plans batched SGEMMs
-// on 128x128 and 64x128 tiles only. Chosen held out one GPU at a time (the other four pick the
-// same set each time): bmm MAPE A100 32.3 -> 17.5%, P100 25.0 -> 11.9, P4 32.2 -> 20.3, T4
-// 35.6 -> 27.4; the V100 (Volta's small kernels are fast) goes 15.7 -> 33.5. Blink follows the
-// four, the A100 (the newest GPU in the data) among them; no Ada / Hopper rows check it yet.
-constexpr TileShape kSimtBatchedTiles[] = {
-    {128, 128, 1, 1.00},
-    {64, 128, 2, 0.97},
+// cuBLAS's own SGEMM kernels (FP32 on CUDA cores), listed in torch's (M, N): a kernel named
+// <arch>_sgemm_AxB tiles A along cuBLAS's column-major m, which is torch's N (a row-major
+// C = A B runs as C^T = B^T A^T), so volta_sgemm_128x32 is a 32x128 tile here. Which kernels
+// exist and which cuBLAS picks is read off the Kernel Name column of the public NeuSight rows
+// (shared/data/public/neusight-train, PyTorch 2.1 / CUDA 12.1, FP32 with TF32 off):
+//  - Pascal (and older) runs maxwell_sgemm_* kernels. nn.Linear (addmm with a bias: cublasLt,
+//    features.cpp) ran only maxwell_sgemm_64x64, 128x32 and 32x128 (some with a K split) on
+//    the P100 and P4. A plain cublasSgemm keeps the 128x128 and 128x64 kernels too (DeepBench's
+//    Pascal GEMMs, below). torch.bmm (cublasGemmStridedBatchedEx) ran maxwell_sgemm_128x64 in
+//    99.6% of rows, whatever the size.
+//  - Volta and Turing run volta_sgemm_*, Ampere and newer ampere_sgemm_*: one GEMM picks among
+//    128x128, 128x64, 64x64, 128x32, 32x128 and the K-sliced 32x32_sliced1x4 / 64x32_sliced1x4
+//    kernels (four warps split each CTA's K) on the V100, T4 and A100 alike. Their batched GEMMs
+//    differ: the V100 and T4 picked among 128x64 .. 32x128 by shape (128x128 in 1 of 35k rows),
+//    the A100 ran ampere_sgemm_128x128 in 99.6% of its 16,661 bmm rows, even for 16x16 matrices.
+// Efficiencies: 128x128 .. 64x64 as in the cuDNN list; the skinny 128x32 / 32x128 tiles at 0.85
+// and the sliced ones at 0.70 of the 128x128 rate: with the kernel that ran forced, the V100 and
+// A100 rows (the unthrottled Volta and Ampere boards) that ran a skinny tile come out within
+// ~5% at the median. Held out one GPU at a time over a grid (skinny 0.6-0.95, sliced
+// 0.55-0.85) the choice moves by under a point of MAPE. Planned on each GPU's list (blink.train's
+// NeuSight kernel times; the floors re-read), bmm MAPE A100 17.5 -> 8.8%, V100 33.5 -> 15.8,
+// P100 11.9 -> 12.3, P4 20.3 (same), all 22.0 -> 18.8; linear V100 11.7 -> 10.2, A100 11.6 ->
+// 10.9, P100 27.4 -> 23.9, P4 48.8 -> 45.8, all 25.4 -> 24.0; DeepBench GEMMs V100 15.6 -> 11.6,
+// Pascal boards +-3 (TITAN X 31.9 -> 34.4), all 19.9 -> 20.4. The T4 gets worse (bmm 27.4 ->
+// 35.3, linear 25.4 -> 26.1, DeepBench 18.7 -> 21.7): its kernels run ~0.65x the boost-clock
+// model at every size (a 70 W board), which the larger tiles used to hide.
+constexpr TileShape kMaxwellSgemmTiles[] = {
+    {128, 128, 1, 1.00}, {64, 128, 2, 0.97}, {64, 64, 4, 0.88},
+    {128, 32, 4, 0.85},  {32, 128, 4, 0.85},
 };
+constexpr TileShape kMaxwellLtTiles[] = {
+    {64, 64, 4, 0.88}, {128, 32, 4, 0.85}, {32, 128, 4, 0.85},
+};
+constexpr TileShape kVoltaSgemmTiles[] = {
+    {128, 128, 1, 1.00}, {64, 128, 2, 0.97}, {64, 64, 4, 0.88}, {128, 32, 4, 0.85},
+    {32, 128, 4, 0.85},  {32, 32, 4, 0.70},  {32, 64, 2, 0.70},
+};
+// Strided-batched (aten::bmm): no split-K and no GEMV path (plan_gemm_unit).
+constexpr TileShape kMaxwellBatchedTiles[] = {{64, 128, 2, 0.97}};
+constexpr TileShape kVoltaBatchedTiles[] = {
+    {64, 128, 2, 0.97}, {64, 64, 4, 0.88}, {128, 32, 4, 0.85}, {32, 128, 4, 0.85},
+};
+constexpr TileShape kAmpereBatchedTiles[] = {{128, 128, 1, 1.00}};
+
+struct TileList {
+  const TileShape* tiles;
+  size_t count;
+};
+
+template <size_t N>
+TileList tile_list(const TileShape (&t)[N]) {
+  return {t, N};
+}
+
+// The candidate tiles for a problem on a GPU of compute capability `cc_major`.
+TileList candidate_tiles(const GemmProblem& p, bool tc, int cc_major) {
+  if (tc) return tile_list(kTcTiles);
+  if (!p.cublas) return tile_list(kSimtTiles);
+  if (p.strided_batched) {
+    if (cc_major >= 8) return tile_list(kAmpereBatchedTiles);
+    return cc_major >= 7 ? tile_list(kVoltaBatchedTiles) : tile_list(kMaxwellBatchedTiles);
+  }
+  if (cc_major >= 7) return tile_list(kVoltaSgemmTiles);
+  return p.cublaslt_epilogue ? tile_list(kMaxwellLtTiles) : tile_list(kMaxwellSgemmTiles);
+}
 
 bool tensor_core_mode(MathMode m) {
   return m == MathMode::kTf32 || m == MathMode::kBf16Tc || m == MathMode::kFp16Tc ||
@@ -98,17 +149,9 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
   const double peak_sm_clk = peak / (sms * clock);  // FLOP per clock per SM
   const double ob = out_bytes(p.dtype);
   best.compute_s = std::numeric_limits<double>::infinity();
-  const TileShape* tiles = kSimtTiles;
-  size_t count = sizeof(kSimtTiles) / sizeof(kSimtTiles[0]);
-  if (tc) {
-    tiles = kTcTiles;
-    count = sizeof(kTcTiles) / sizeof(kTcTiles[0]);
-  } else if (p.strided_batched) {
-    tiles = kSimtBatchedTiles;
-    count = sizeof(kSimtBatchedTiles) / sizeof(kSimtBatchedTiles[0]);
-  }
-  for (size_t t = 0; t < count; ++t) {
-    const TileShape& ts = tiles[t];
+  const TileList list = candidate_tiles(p, tc, g.cc_major);
+  for (size_t t = 0; t < list.count; ++t) {
+    const TileShape& ts = list.tiles[t];
     const double c = static_cast<double>(ts.ctas_per_sm);
     const double slots = sms * c;
     const double out_tiles = ceil_div(m, static_cast<double>(ts.m)) *
@@ -201,6 +244,8 @@ void plan_gemm_unit(UnitFeatures& f, const GpuSpec& g) {
     p.gemv_max_dim = 0;
     p.strided_batched = true;
   }
+  p.cublas = true;
+  p.cublaslt_epilogue = f.cublaslt_epilogue;
   if (f.m <= 0 || f.n <= 0 || f.k <= 0) return;
   if (f.math_mode == MathMode::kOther) p.mode = MathMode::kFp32Simt;  // FP64 / integer GEMMs
   const GemmPlan plan = plan_gemm(p, g);

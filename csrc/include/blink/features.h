@@ -101,6 +101,10 @@ struct UnitFeatures {
   // batch = batch * query heads.
   int64_t m = 0, n = 0, k = 0, batch = 0;
   bool trans_a = false, trans_b = false;  // operand's last dim is not its contiguous one
+  // addmm with a 1-D bias (nn.Linear) / _addmm_activation: ATen runs cublasLtMatmul with the
+  // bias in the epilogue (gemm_and_bias, aten/src/ATen/native/cuda/Blas.cpp), not cublasSgemm;
+  // its kernel list differs on Pascal (gemm_cost.cpp). Not a forest input.
+  bool cublaslt_epilogue = false;
 
   // Convolution geometry (input N, C, [D,] H, W; K output channels; kernel [T,] R, S).
   // 1-D convs use h = 1, r = 1; depth fields are 1 except for 3-D convs.

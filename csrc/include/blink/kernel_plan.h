@@ -79,8 +79,11 @@ struct GemmProblem {
   // M or N at most this runs a GEMV / small-N kernel (cuBLAS: kGemvMaxDim; cuDNN's implicit
   // GEMMs only for a single-digit channel count on CUDA cores, kConvGemvMaxDim).
   int64_t gemv_max_dim = kGemvMaxDim;
-  // cublasGemmStridedBatchedEx (aten::bmm): on CUDA cores its own, shorter tile list
-  // (gemm_cost.cpp).
+  // A cuBLAS GEMM (aten::mm / addmm / bmm ...), not a cuDNN implicit GEMM: on CUDA cores it
+  // runs cuBLAS's SGEMM kernels of the GPU's architecture (gemm_cost.cpp).
+  bool cublas = false;
+  bool cublaslt_epilogue = false;  // cublasLtMatmul with a bias epilogue (UnitFeatures)
+  // cublasGemmStridedBatchedEx (aten::bmm): on CUDA cores its own tile list (gemm_cost.cpp).
   bool strided_batched = false;
 };
 
