@@ -53,8 +53,10 @@ constexpr TileShape kSimtTiles[] = {
 // Efficiencies: 128x128 .. 64x64 as in the cuDNN list; the skinny 128x32 / 32x128 tiles at 0.85
 // and the sliced ones at 0.70 of the 128x128 rate: with the kernel that ran forced, the V100 and
 // A100 rows (the unthrottled Volta and Ampere boards) that ran a skinny tile come out within
-// ~5% at the median. Held out one GPU at a time over a grid (skinny 0.6-0.95, sliced
-// 0.55-0.85) the choice moves by under a point of MAPE. Planned on each GPU's list (blink.train's
+// ~5% at the median. Chosen instead by held-out MAPE, one GPU out at a time over a grid
+// (skinny 0.6-0.95, sliced 0.55-0.85), the other four prefer a skinny 0.6 (which steers plans
+// off the skinny tiles rather than costing them) for 0.4-1.3 points less held-out MAPE; Blink
+// keeps the kernels' own rate. Planned on each GPU's list (blink.train's
 // NeuSight kernel times; the floors re-read), bmm MAPE A100 17.5 -> 8.8%, V100 33.5 -> 15.8,
 // P100 11.9 -> 12.3, P4 20.3 (same), all 22.0 -> 18.8; linear V100 11.7 -> 10.2, A100 11.6 ->
 // 10.9, P100 27.4 -> 23.9, P4 48.8 -> 45.8, all 25.4 -> 24.0; DeepBench GEMMs V100 15.6 -> 11.6,
