@@ -306,7 +306,7 @@ Tiling f_gemm(const Ctx& c, const Rule& r, UnitFeatures& f) {
     f.cublaslt_epilogue = true;
   } else if (c.op == "aten::addmm") {
     const TensorInfo* bias = tensor_at(c.in, 0);
-    f.cublaslt_epilogue = bias != nullptr && bias->sizes.size() == 1 && batch == 1;
+    f.cublaslt_epilogue = bias != nullptr && bias->sizes.size() == 1;
   }
   f.flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) *
             static_cast<double>(k);

@@ -59,8 +59,9 @@ constexpr TileShape kSimtTiles[] = {
 // keeps the kernels' own rate. Planned on each GPU's list (blink.train's
 // NeuSight kernel times; the floors re-read), bmm MAPE A100 17.5 -> 8.8%, V100 33.5 -> 15.8,
 // P100 11.9 -> 12.3, P4 20.3 (same), all 22.0 -> 18.8; linear V100 11.7 -> 10.2, A100 11.6 ->
-// 10.9, P100 27.4 -> 23.9, P4 48.8 -> 45.8, all 25.4 -> 24.0; DeepBench GEMMs V100 15.6 -> 11.6,
-// Pascal boards +-3 (TITAN X 31.9 -> 34.4), all 19.9 -> 20.4. The T4 gets worse (bmm 27.4 ->
+// 10.9, P100 27.4 -> 23.9, P4 48.8 -> 45.8, all 25.4 -> 24.0; DeepBench GEMMs (benchmarks/
+// accuracy_deepbench.py) V100 15.6 -> 11.6, Pascal boards +-3 (TITAN X 31.9 -> 34.4), all
+// 19.9 -> 20.4. The T4 gets worse (bmm 27.4 ->
 // 35.3, linear 25.4 -> 26.1, DeepBench 18.7 -> 21.7): its kernels run ~0.65x the boost-clock
 // model at every size (a 70 W board), which the larger tiles used to hide.
 constexpr TileShape kMaxwellSgemmTiles[] = {
