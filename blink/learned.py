@@ -155,6 +155,7 @@ class ForestEntry:
     clip: tuple[float, float]
     gpus: list[str]
     forest: Any  # blink._C.Forest
+    scale: float = 1.0  # time = analytic * exp(clip(scale * forest))
 
 
 @dataclass
@@ -329,6 +330,7 @@ def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
         if not isinstance(clip, list) or len(clip) != 2:
             raise _fail(card_path, f"{what}: 'clip' must be [lo, hi]")
         lo, hi = (_number(card_path, c, f"{what}.clip") for c in clip)
+        scale = _number(card_path, e.get("scale", 1.0), f"{what}.scale")
         gpus = e.get("gpus", [])
         if not isinstance(gpus, list):
             raise _fail(card_path, f"{what}: 'gpus' must be a list of GPU names")
@@ -340,11 +342,11 @@ def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
             raise ArtifactError(f"{exc}. Retrain with `blink train` (predict(..., "
                                 "predictor='analytic') skips the models).") from exc
         try:
-            unit_models.add(kind, forest, feats, lo, hi)
+            unit_models.add(kind, forest, feats, lo, hi, scale)
         except _C.Error as exc:
             raise _fail(card_path, f"{what}: {exc}") from exc
         forests[kind] = ForestEntry(kind, path, list(feats), (lo, hi), [str(g) for g in gpus],
-                                    forest)
+                                    forest, scale)
     models = LearnedModels(d, card, forests, unit_models)
     conf = card.get("conformal")
     conf_path: Path | None = None

@@ -60,8 +60,9 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _write_models(d: Path, forests: dict, conformal: dict | None = None) -> Path:
-    """forests: kind -> (booster, features, clip)."""
+def _write_models(d: Path, forests: dict, conformal: dict | None = None,
+                  scales: dict[str, float] | None = None) -> Path:
+    """forests: kind -> (booster, features, clip); scales: kind -> the card's scale."""
     d.mkdir(parents=True, exist_ok=True)
     card = {"format_version": 1, "feature_schema_version": 1, "created": "test",
             "command": "tests/test_learned.py", "datasets": [], "forests": {}}
@@ -70,6 +71,8 @@ def _write_models(d: Path, forests: dict, conformal: dict | None = None) -> Path
         booster.save_model(str(f))
         card["forests"][kind] = {"file": f.name, "sha256": _sha(f), "target": "log_ratio",
                                  "features": features, "clip": list(clip), "gpus": ["T4"]}
+        if scales and kind in scales:
+            card["forests"][kind]["scale"] = scales[kind]
     if conformal is not None:
         (d / "conformal.json").write_text(json.dumps(conformal))
         card["conformal"] = {"file": "conformal.json", "sha256": _sha(d / "conformal.json")}
@@ -140,6 +143,32 @@ def test_forest_unit_times_and_timeline(traces, tmp_path, monkeypatch):
     assert any("trees for conv, norm" in n for n in trees.notes)
     assert any("A100-80GB is not among the GPUs" in n for n in trees.notes)
     assert trees.interval_method == INTERVAL_METHOD  # no conformal table in this directory
+
+
+def test_card_scale_shrinks_each_correction_before_the_clip(traces, tmp_path, monkeypatch):
+    t = traces[8]
+    conv = _conv_forest(traces)
+    big = _constant_forest(1.6, 1)  # p = 1.6: 0.5 x p = 0.8 is inside the clip, p is not
+    _write_models(tmp_path / "m", {"conv": (conv, CONV_FEATURES, (-4.0, 4.0)),
+                                   "norm": (big, ["numel"], (-1.0, 1.0))},
+                  scales={"conv": 0.25, "norm": 0.5})
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(tmp_path / "m"))
+    trees = predict_trace(t, GPU)
+    p_conv = iter(conv.predict(xgb.DMatrix(_rows(t, "conv", CONV_FEATURES))))
+    p_norm = float(big.predict(xgb.DMatrix(np.zeros((1, 1))))[0])
+    assert p_norm == pytest.approx(1.6, abs=0.05)
+    n = {"conv": 0, "norm": 0}
+    for u in trees.units:
+        if u.kind == "conv":
+            assert u.time_ms == pytest.approx(u.analytic_ms * math.exp(0.25 * next(p_conv)),
+                                              rel=1e-5)
+            n["conv"] += 1
+        elif u.kind == "norm" and u.analytic_ms > 0:
+            # scaled first, then clipped: 0.8, not clip(1.6) x 0.5 = 0.5
+            assert u.time_ms == pytest.approx(u.analytic_ms * math.exp(0.5 * p_norm), rel=1e-6)
+            n["norm"] += 1
+    assert n["conv"] >= 15 and n["norm"] >= 15
+    assert learned.load_models(tmp_path / "m").forests["conv"].scale == 0.25
 
 
 def test_predictions_with_artifacts_are_deterministic(traces, tmp_path, monkeypatch):
@@ -269,6 +298,12 @@ BAD_CARDS = [
      "target 'time_s' is not supported"),
     ("clip", _card_edit(_set(["forests", "norm", "clip"], [1.0, float("inf")])), "card.json",
      "must be a finite number"),
+    ("scale-zero", _card_edit(_set(["forests", "norm", "scale"], 0.0)), "forest_norm.json",
+     "scale 0.000000 is not in (0, 1]"),
+    ("scale-big", _card_edit(_set(["forests", "norm", "scale"], 1.5)), "forest_norm.json",
+     "scale 1.500000 is not in (0, 1]"),
+    ("scale-type", _card_edit(_set(["forests", "norm", "scale"], "0.5")), "card.json",
+     "forests.norm.scale must be a finite number"),
 ]
 
 

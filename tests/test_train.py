@@ -21,7 +21,15 @@ from blink.train import data as D  # noqa: E402
 from blink.train import fit as F  # noqa: E402
 from blink.train import model_level as ML  # noqa: E402
 from blink.train import timm_cache as TC  # noqa: E402
-from blink.train.units import logo, logo_splits, pair_train_mask  # noqa: E402
+from blink.train.units import (  # noqa: E402
+    SCALE_GRID,
+    PairForests,
+    choose_scale,
+    logo,
+    logo_splits,
+    nested_shrink,
+    pair_train_mask,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"
@@ -291,6 +299,47 @@ def test_logo_trees_beat_analytic_on_held_out_gpus(small_tables):
     assert trees < ana
 
 
+def test_choose_scale_undoes_an_overconfident_correction(small_tables):
+    # A "forest" that predicts twice the true log-ratio of every real row: half of it is exact.
+    t = small_tables["elementwise"]
+    truth = np.log(t.measured_s / t.analytic_s)
+    assert choose_scale(t, 2.0 * truth) == 0.5
+    # one that predicts a quarter of it is best used whole
+    assert choose_scale(t, 0.25 * truth) == 1.0
+    # rows= restricts the choice: on the A100's rows only, the A100's own doubling wins
+    a100 = t.chip == "A100-40GB"
+    raw = np.where(a100, 2.0 * truth, 0.5 * truth)
+    assert choose_scale(t, raw, a100) == 0.5 and choose_scale(t, raw, ~a100) == 1.0
+
+
+def test_logo_chooses_its_scale_on_held_out_predictions(small_tables):
+    t = small_tables["elementwise"]
+    lg = logo(t, rounds=30, scale=None)
+    assert lg.scale in SCALE_GRID
+    best = F.metrics(lg.pred_s, t.measured_s)["mape"]
+    for a in SCALE_GRID:
+        assert best <= F.metrics(F.shrunk_s(t.analytic_s, lg.raw, a), t.measured_s)["mape"]
+    # pred_s is the raw held-out output shrunk and clipped as the core does it
+    np.testing.assert_allclose(
+        lg.pred_s, t.analytic_s * np.exp(np.clip(lg.scale * lg.raw, *F.CLIP)), rtol=1e-12)
+
+
+def test_nested_shrinkage_never_looks_at_the_held_out_gpu(small_tables):
+    # The scale chosen for a held-out chip must not move when that chip's measurements do.
+    import dataclasses
+
+    t = small_tables["gemm"]
+    held = "T4"
+    m = t.chip == held
+    skewed = dataclasses.replace(t, measured_s=np.where(m, 3.0 * t.measured_s, t.measured_s),
+                                 y=np.where(m, t.y + np.log(3.0), t.y))
+    lg = logo(t, rounds=20)
+    lg_skew = logo(skewed, rounds=20)
+    ns = nested_shrink(t, lg, PairForests(t, 20))
+    b = nested_shrink(skewed, lg_skew, PairForests(skewed, 20)).scales[held]
+    assert set(ns.scales) == set(lg.chips) and ns.scales[held] == b and b in SCALE_GRID
+
+
 # -- model level ----------------------------------------------------------------------------
 @pytest.mark.skipif(not CACHE.is_file(), reason="no data/derived timm cache")
 def test_model_level_cache_and_held_out_family_fit():
@@ -341,6 +390,8 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     card = json.loads((tmp_path / "m" / "card.json").read_text())
     assert card["command"] == "blink train --rows-per-file 150 --mixed-rows 300"
     assert {"gemm", "conv"} <= set(card["forests"]) | set(card["forests_not_shipped"])
+    for e in [*card["forests"].values(), *card["forests_not_shipped"].values()]:
+        assert e["scale"] in SCALE_GRID
     capsys.readouterr()
     assert main(["evaluate", "--out", str(tmp_path / "e"), "--no-gnn", *args]) == 0
     text = capsys.readouterr().out
@@ -350,6 +401,10 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     gemm = res["unit_by_kind"]["gemm"]
     assert gemm["trees"]["n"] == gemm["analytic"]["n"] > 0
     assert 0 <= gemm["trees"]["coverage"] <= 1
+    # the shrinkage is chosen per held-out chip without it; "trees x1" is the unshrunk ablation
+    assert gemm["trees x1"]["n"] == gemm["trees"]["n"]
+    assert {"A100-40GB", "P100", "P4", "T4", "V100"} <= set(res["unit_scales"]["gemm"])
+    assert all(a in SCALE_GRID for a in res["unit_scales"]["gemm"].values())
     if CACHE.is_file():
         fam = res["model_families"]["all held-out families"]
         graphs = CACHE.with_name("timm_rtx3090_graphs.npz").is_file()

@@ -44,15 +44,25 @@ from ..learned import blend_ms
 from . import gnn_fit
 from . import model_level as ml
 from .data import KindTable, load_units, public_root, shape_half, tables_by_kind
-from .fit import NUM_ROUNDS, conformal_q, fit_forest, group_folds, metrics, set_threads
+from .fit import (
+    NUM_ROUNDS,
+    conformal_q,
+    fit_forest,
+    group_folds,
+    metrics,
+    set_threads,
+    shrunk_s,
+)
 from .pipeline import BLEND_WEIGHT_GNN, COVERAGE, repo_root
 from .timm_cache import default_cache_path, load_cache
 from .timm_graphs import GraphSet, default_graphs_path, load_graphs
-from .units import MIN_ROWS, logo, pair_train_mask
+from .units import MIN_ROWS, PairForests, choose_scale, logo, nested_shrink
 
 __all__ = ["evaluate", "main"]
 
-PREDICTORS_UNIT = ("roofline", "analytic", "trees")
+# trees: the shipped predictor (shrunk forest, scale chosen without the held-out GPU); "trees x1":
+# the same forests unshrunk, for the ablation.
+PREDICTORS_UNIT = ("roofline", "analytic", "trees", "trees x1")
 PREDICTORS_MODEL = ("roofline", "analytic", "trees", "gnn", "trees+gnn", "trees+gnn+model",
                     "baseline", "correction")
 # The batch-extrapolation split: rows above this quantile of their family's batch values are
@@ -119,46 +129,36 @@ def long_table(title: str, rows: list[tuple[str, int, dict[str, dict[str, float]
 
 
 # -- per unit -------------------------------------------------------------------------------
-class _PairForests:
-    """Forests fitted without two chips, memoised (F_{g,h} = F_{h,g})."""
-
-    def __init__(self, t: KindTable, rounds: int) -> None:
-        self.t, self.rounds = t, rounds
-        self.memo: dict[frozenset[str], Any] = {}
-
-    def residuals_on(self, h: str, without: str) -> np.ndarray:
-        key = frozenset((h, without))
-        if key not in self.memo:
-            train = pair_train_mask(self.t, h, without)
-            self.memo[key] = fit_forest(self.t.subset(train), rounds=self.rounds) \
-                if train.any() else None
-        f = self.memo[key]
-        cal = self.t.chip == h
-        if f is None:
-            return np.array([])
-        return np.log(self.t.measured_s[cal] / f.predict_s(self.t.subset(cal)))
-
-
 def unit_logo(t: KindTable, rounds: int, coverage: float) -> dict[str, Any]:
-    """Held-out-GPU predictions and interval bounds of every row of one kind."""
+    """Held-out-GPU predictions and interval bounds of every row of one kind. For held-out chip
+    c the shrinkage is chosen (nested_shrink) and q calibrated on the other chips' predictions
+    by forests that saw neither that chip nor c, so neither ever used c. Where shrinking does
+    not beat the whole forest on held-out GPUs, blink train ships the forest whole, and so
+    "trees" here is the whole forest."""
     lg = logo(t, rounds=rounds)
-    pairs = _PairForests(t, rounds)
+    pairs = PairForests(t, rounds)
+    ns = nested_shrink(t, lg, pairs)
+    scales = ns.scales if ns.shrinks else dict.fromkeys(lg.chips, 1.0)
+    whole = shrunk_s(t.analytic_s, lg.raw, 1.0)
     q_trees = np.full(len(t), math.nan)
     q_ana = np.full(len(t), math.nan)
     for c in lg.chips:
         test = t.chip == c
-        others = [h for h in lg.chips if h != c]
-        res = [pairs.residuals_on(h, c) for h in others]
-        q_trees[test] = conformal_q(np.abs(np.concatenate(res)), coverage) if res else math.inf
+        raw_other = pairs.others(c, lg.chips)
+        cal = ~test & np.isfinite(raw_other)
+        res = np.log(t.measured_s[cal] / shrunk_s(t.analytic_s[cal], raw_other[cal], scales[c]))
+        q_trees[test] = conformal_q(np.abs(res), coverage) if cal.any() else math.inf
         q_ana[test] = conformal_q(np.abs(np.log(t.measured_s[~test] / t.analytic_s[~test])),
                                   coverage)
-    return {"trees": lg.pred_s, "q_trees": q_trees, "q_analytic": q_ana}
+    return {"trees": ns.pred_s if ns.shrinks else whole, "trees x1": whole,
+            "q_trees": q_trees, "q_analytic": q_ana, "scales": scales}
 
 
 def _unit_metrics(t: KindTable, r: dict[str, Any], m: np.ndarray) -> dict[str, dict]:
     out = {"roofline": metrics(t.roofline_s[m], t.measured_s[m]),
            "analytic": metrics(t.analytic_s[m], t.measured_s[m]),
-           "trees": metrics(r["trees"][m], t.measured_s[m])}
+           "trees": metrics(r["trees"][m], t.measured_s[m]),
+           "trees x1": metrics(r["trees x1"][m], t.measured_s[m])}
     meas = t.measured_s[m]
     for p, q in (("analytic", r["q_analytic"][m]), ("trees", r["q_trees"][m])):
         pred = t.analytic_s[m] if p == "analytic" else r["trees"][m]
@@ -180,12 +180,18 @@ def batch_split(t: KindTable, rounds: int, coverage: float) -> dict[str, Any] | 
     cal = shape_half(t.shape) & ~test
     fit = ~test & ~cal
     forest = fit_forest(t.subset(fit), rounds=rounds)
+    raw = np.full(len(t), math.nan)
+    raw[cal | test] = forest.raw_log_ratio(t.X[cal | test])
+    # The shrinkage, like q, comes from the calibration half.
+    forest.scale = choose_scale(t, raw, cal)
     q = conformal_q(np.abs(np.log(t.measured_s[cal] / forest.predict_s(t.subset(cal)))),
                     coverage)
     q_ana = conformal_q(np.abs(np.log(t.measured_s[~test] / t.analytic_s[~test])), coverage)
     pred = np.full(len(t), math.nan)
     pred[test] = forest.predict_s(t.subset(test))
-    return {"test": test, "trees": pred, "q_trees": np.full(len(t), q),
+    pred1 = np.full(len(t), math.nan)
+    pred1[test] = shrunk_s(t.analytic_s[test], raw[test], 1.0)
+    return {"test": test, "trees": pred, "trees x1": pred1, "q_trees": np.full(len(t), q),
             "q_analytic": np.full(len(t), q_ana)}
 
 
@@ -427,6 +433,11 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
                       "never saw its GPU chip; NeuSight as kernel time, its event floor taken "
                       "off)", [(k + (" (not shipped)" if k in not_shipped else ""), n, m)
                                for k, n, m in kind_rows], PREDICTORS_UNIT))
+    text.append("Shrinkage (trees = analytic x exp(scale x forest)), chosen per held-out chip "
+                "on the other chips only:\n" + "\n".join(
+                    f"  {k}: " + ", ".join(f"{c} {a:g}" for c, a in r["scales"].items())
+                    for k, r in res.items()))
+    results["unit_scales"] = {k: r["scales"] for k, r in res.items()}
     text.append(table("Per data-set family, leave-one-GPU-out", fam_rows, PREDICTORS_UNIT))
     text.append(table("Per held-out GPU chip, data set and unit kind (NeuSight: PyTorch 2.1 "
                       "FP32; DeepBench: cuBLAS/cuDNN 2016-19 fp32 + fp16 tensor cores)",

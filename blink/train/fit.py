@@ -18,6 +18,7 @@ __all__ = [
     "fit_forest",
     "group_folds",
     "metrics",
+    "shrunk_s",
     "xgb",
 ]
 
@@ -58,16 +59,27 @@ def xgb() -> Any:
     return xgboost
 
 
+def shrunk_s(analytic_s: np.ndarray, raw: np.ndarray, scale: float) -> np.ndarray:
+    """analytic * exp(clip(scale * raw)): what the C++ core does with a forest's raw output
+    (blink::apply_unit_models)."""
+    return analytic_s * np.exp(np.clip(scale * raw, CLIP[0], CLIP[1]))
+
+
 @dataclass
 class Forest:
-    """A fitted booster with its input feature names."""
+    """A fitted booster with its input feature names and the shrinkage its output gets."""
 
     booster: Any
     features: list[str]
+    scale: float = 1.0
+
+    def raw_log_ratio(self, X: np.ndarray) -> np.ndarray:
+        """The booster's own output (no shrinkage, no clip)."""
+        d = xgb().DMatrix(X, missing=math.nan, feature_names=self.features, nthread=1)
+        return np.asarray(self.booster.predict(d), dtype=np.float64)
 
     def predict_log_ratio(self, X: np.ndarray) -> np.ndarray:
-        d = xgb().DMatrix(X, missing=math.nan, feature_names=self.features, nthread=1)
-        return np.clip(self.booster.predict(d), CLIP[0], CLIP[1])
+        return np.clip(self.scale * self.raw_log_ratio(X), CLIP[0], CLIP[1])
 
     def predict_s(self, t: KindTable) -> np.ndarray:
         return t.analytic_s * np.exp(self.predict_log_ratio(t.X))

@@ -26,10 +26,19 @@ from .data import (
     sha256_file,
     tables_by_kind,
 )
-from .fit import CLIP, FOREST_PARAMS, NUM_ROUNDS, conformal_q, fit_forest, metrics, xgb
+from .fit import (
+    CLIP,
+    FOREST_PARAMS,
+    NUM_ROUNDS,
+    conformal_q,
+    fit_forest,
+    metrics,
+    shrunk_s,
+    xgb,
+)
 from .timm_cache import default_cache_path, load_cache
 from .timm_graphs import GraphWriter, default_graphs_path, load_graphs
-from .units import MIN_ROWS, logo
+from .units import MIN_DATASET_ROWS, MIN_ROWS, PairForests, logo, nested_shrink
 
 __all__ = ["CARD_FORMAT_VERSION", "COVERAGE", "FEATURE_SCHEMA_VERSION", "train"]
 
@@ -41,8 +50,10 @@ COVERAGE = 0.9
 # also looked at on the same folds (9.9% and 10.1% against 9.7%), so the blend's held-out
 # figure is slightly optimistic for this one choice.
 BLEND_WEIGHT_GNN = 0.5
-# A data set with at least this many rows of a kind must not get worse under its forest.
-MIN_DATASET_ROWS = 100
+# A forest ships only if its held-out-GPU MAPE is this fraction below the analytic model's: a
+# forest shrunk to a sliver of its correction (choose_scale's smallest values) that wins by
+# hundredths of a point is noise, not a model.
+MIN_GAIN = 0.02
 
 
 def repo_root() -> Path:
@@ -105,7 +116,14 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         if len(t) < MIN_ROWS or len(chips) < 2:
             say(f"{kind}: {len(t)} rows on {len(chips)} GPU(s): stays analytic")
             continue
-        lg = logo(t, rounds=rounds)
+        # The shrinkage is chosen on the held-out-GPU predictions (one number per kind), and
+        # kept only if choosing it without the held-out GPU (nested_shrink) beats the whole
+        # forest; the ship rule below judges those nested times, which never used their GPU.
+        lg = logo(t, rounds=rounds, scale=None)
+        ns = nested_shrink(t, lg, PairForests(t, rounds))
+        if not ns.shrinks:
+            lg.scale = 1.0
+        lg.pred_s = ns.pred_s if ns.shrinks else shrunk_s(t.analytic_s, lg.raw, 1.0)
         ana_mape = metrics(t.analytic_s, t.measured_s)["mape"]
         tree_mape = metrics(lg.pred_s, t.measured_s)["mape"]
         by_ds = {}
@@ -116,22 +134,25 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
                              "trees": _m(metrics(lg.pred_s[m], t.measured_s[m]))}
         worse = [ds for ds, d in by_ds.items()
                  if not d["trees"]["mape"] < d["analytic"]["mape"]]
-        if not tree_mape < ana_mape or worse:
-            # Shipped only where the trees beat the analytic model on GPUs they never saw, in
-            # every data set they learned from (one set's protocol or software must not win
-            # by outnumbering another's).
-            why = (f"LOGO MAPE trees {tree_mape:.1f}% >= analytic {ana_mape:.1f}%"
-                   if not tree_mape < ana_mape else
+        gains = tree_mape < (1.0 - MIN_GAIN) * ana_mape
+        if not gains or worse:
+            # Shipped only where the trees beat the analytic model on GPUs they never saw, by
+            # MIN_GAIN overall and in every data set they learned from (one set's protocol or
+            # software must not win by outnumbering another's).
+            why = (f"LOGO MAPE trees {tree_mape:.2f}% is not {100 * MIN_GAIN:g}% below "
+                   f"analytic {ana_mape:.2f}% (scale {lg.scale:g})"
+                   if not gains else
                    "worse than analytic on held-out GPUs of " + ", ".join(
                        f"{ds} ({by_ds[ds]['trees']['mape']:.1f}% vs "
                        f"{by_ds[ds]['analytic']['mape']:.1f}%)" for ds in worse))
             say(f"{kind}: {why}: not shipped, stays analytic")
             not_shipped[kind] = {"rows": len(t), "analytic_mape": _r(ana_mape, 3),
-                                 "trees_mape": _r(tree_mape, 3), "why": why,
+                                 "trees_mape": _r(tree_mape, 3), "scale": lg.scale, "why": why,
                                  "by_dataset": by_ds,
                                  "split": "leave-one-GPU-out (chips)"}
             continue
         f = fit_forest(t, rounds=rounds)
+        f.scale = lg.scale
         fname = f"forest_{kind}.json"
         f.booster.save_model(str(out_dir / fname))
         r = np.abs(lg.log_residuals(t))
@@ -144,7 +165,12 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
                            "trees": _m(metrics(lg.pred_s[m], t.measured_s[m]))}
         forests[kind] = {
             "file": fname, "target": "log_ratio", "features": list(t.features),
-            "clip": list(CLIP), "gpus": sorted(set(t.gpu.tolist())), "rows": len(t),
+            "clip": list(CLIP), "scale": lg.scale,
+            "scale_choice": "lowest leave-one-GPU-out MAPE of analytic x exp(clip(scale x p)) "
+                            "over 0.05 .. 1 with every data set better than analytic; 1 where "
+                            "that choice, made without each held-out GPU, loses to 1 there",
+            "scales_nested": ns.scales,
+            "gpus": sorted(set(t.gpu.tolist())), "rows": len(t),
             # what the trees saw: a unit outside these is an extrapolation (predict may prefer
             # the analytic time there)
             "math_modes": _math_modes(t),
@@ -154,11 +180,14 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
             "metrics": {"split": "leave-one-GPU-out (chips)",
                         "analytic": _m(metrics(t.analytic_s, t.measured_s)),
                         "trees": _m(metrics(lg.pred_s, t.measured_s, q)),
+                        "trees_scale_1": _m(metrics(shrunk_s(t.analytic_s, lg.raw, 1.0),
+                                                    t.measured_s)),
                         "by_dataset": by_ds, "by_held_out_gpu": per_chip},
         }
         say(f"{kind}: {len(t)} rows, {len(chips)} GPUs, LOGO MAPE analytic "
             f"{forests[kind]['metrics']['analytic']['mape']:.1f}% -> trees "
-            f"{forests[kind]['metrics']['trees']['mape']:.1f}%, q={q:.3f}")
+            f"{forests[kind]['metrics']['trees']['mape']:.1f}% (scale {lg.scale:g}; at 1: "
+            f"{forests[kind]['metrics']['trees_scale_1']['mape']:.1f}%), q={q:.3f}")
 
     # Model level (timm-rtx3090 through the cached blink predictions).
     cache = Path(timm_cache) if timm_cache is not None else default_cache_path()

@@ -70,7 +70,8 @@ bool unit_kind_from_name(const std::string& name, UnitKind* kind) {
 }
 
 void UnitModels::add(const std::string& kind, std::shared_ptr<const Forest> forest,
-                     const std::vector<std::string>& features, double clip_lo, double clip_hi) {
+                     const std::vector<std::string>& features, double clip_lo, double clip_hi,
+                     double scale) {
   BLINK_CHECK(forest != nullptr, "UnitModels.add: no forest for kind \"" + kind + "\"");
   const std::string& src = forest->source;
   UnitModel m;
@@ -87,6 +88,9 @@ void UnitModels::add(const std::string& kind, std::shared_ptr<const Forest> fore
   BLINK_CHECK(std::isfinite(clip_lo) && std::isfinite(clip_hi) && clip_lo <= clip_hi,
               src + ": clip range [" + std::to_string(clip_lo) + ", " + std::to_string(clip_hi) +
                   "] is not a finite range with lo <= hi");
+  // Not a range check on a fit: 0 would silently switch the forest off, > 1 would amplify it.
+  BLINK_CHECK(std::isfinite(scale) && scale > 0.0 && scale <= 1.0,
+              src + ": scale " + std::to_string(scale) + " is not in (0, 1]");
   const std::vector<std::string>& names = unit_model_input_names();
   for (const std::string& f : features) {
     const auto it = std::find(names.begin(), names.end(), f);
@@ -102,6 +106,7 @@ void UnitModels::add(const std::string& kind, std::shared_ptr<const Forest> fore
   m.forest = std::move(forest);
   m.clip_lo = clip_lo;
   m.clip_hi = clip_hi;
+  m.scale = scale;
   models_.push_back(std::move(m));
 }
 
@@ -135,7 +140,8 @@ LearnedResult apply_unit_models(TraceCost& cost, const UnitModels& models, const
     for (size_t c = 0; c < m->columns.size(); ++c) row[c] = all[static_cast<size_t>(m->columns[c])];
     const double p = m->forest->predict(row.data());
     // A NaN prediction cannot come from finite leaves; clip keeps exp() bounded either way.
-    const double q = std::isfinite(p) ? std::min(std::max(p, m->clip_lo), m->clip_hi) : 0.0;
+    const double sp = m->scale * p;
+    const double q = std::isfinite(sp) ? std::min(std::max(sp, m->clip_lo), m->clip_hi) : 0.0;
     r.log_ratio[i] = q;
     u.time_s *= std::exp(q);
     ++r.covered;

@@ -700,7 +700,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<UnitModels, std::shared_ptr<UnitModels>>(m, "UnitModels")
       .def(py::init<>())
       .def("add", &UnitModels::add, py::arg("kind"), py::arg("forest"), py::arg("features"),
-           py::arg("clip_lo") = -4.0, py::arg("clip_hi") = 4.0)
+           py::arg("clip_lo") = -4.0, py::arg("clip_hi") = 4.0, py::arg("scale") = 1.0)
       .def("kinds", &UnitModels::kinds);
   py::class_<Gnn, std::shared_ptr<Gnn>>(m, "Gnn")
       .def_readonly("source", &Gnn::source)

@@ -1,7 +1,10 @@
 #pragma once
 // Learned per-unit time models on top of the analytic cost: one boosted forest per unit kind
 // predicts p = log(measured / analytic) from the unit's features, and the unit's time becomes
-// analytic * exp(clip(p)). The eager timeline is then re-run with the corrected unit times.
+// analytic * exp(clip(scale * p)). scale (0 < scale <= 1, from the card) shrinks the forest's
+// correction towards the analytic time: on GPUs the forest never saw, its correction is right in
+// direction more often than in size (blink/train/units.py chooses scale on held-out GPUs). The
+// eager timeline is then re-run with the corrected unit times.
 //
 // The model's input vector is built by name (models/card.json lists each forest's features in
 // order; contract in the project's ARTIFACTS notes): every key of feature_values(), then
@@ -33,16 +36,18 @@ struct UnitModel {
   std::shared_ptr<const Forest> forest;
   std::vector<int32_t> columns;  // per forest input: index into unit_model_input_names()
   double clip_lo = -4.0, clip_hi = 4.0;
+  double scale = 1.0;  // applied to the forest's output before the clip
 };
 
 class UnitModels {
  public:
   // Adds the forest for units of `kind` (a unit_kind_name). Throws blink::Error naming the
   // forest's file when the kind is unknown or already has a model, a feature name is not an
-  // input name, the number of names differs from the forest's num_features, or the clip range
-  // is not finite with lo <= hi.
+  // input name, the number of names differs from the forest's num_features, the clip range
+  // is not finite with lo <= hi, or scale is not in (0, 1].
   void add(const std::string& kind, std::shared_ptr<const Forest> forest,
-           const std::vector<std::string>& features, double clip_lo, double clip_hi);
+           const std::vector<std::string>& features, double clip_lo, double clip_hi,
+           double scale = 1.0);
   const UnitModel* find(UnitKind kind) const;  // nullptr when no model covers the kind
   std::vector<std::string> kinds() const;
   bool empty() const { return models_.empty(); }
@@ -53,12 +58,12 @@ class UnitModels {
 
 struct LearnedResult {
   std::vector<double> analytic_s;  // per unit: the analytic time (before any correction)
-  std::vector<double> log_ratio;   // per unit: clipped p applied; NaN where analytic was kept
+  std::vector<double> log_ratio;   // per unit: clip(scale * p) applied; NaN where analytic was kept
   int64_t covered = 0;             // units whose time came from a forest
 };
 
 // Applies the models to a costed trace: every unit with a model for its kind, no feature
-// error and a positive analytic time gets time_s = analytic * exp(clip(p)); then the issues'
+// error and a positive analytic time gets time_s = analytic * exp(clip(scale * p)); then the issues'
 // GPU times, the timeline and the totals are recomputed (retime_trace). lower_bound_s (the
 // roofline timeline) is unchanged.
 LearnedResult apply_unit_models(TraceCost& cost, const UnitModels& models, const GpuSpec& gpu);
