@@ -136,21 +136,19 @@ def unit_logo(t: KindTable, rounds: int, coverage: float) -> dict[str, Any]:
     not beat the whole forest on held-out GPUs, blink train ships the forest whole, and so
     "trees" here is the whole forest."""
     lg = logo(t, rounds=rounds)
-    pairs = PairForests(t, rounds)
-    ns = nested_shrink(t, lg, pairs)
+    ns = nested_shrink(t, lg, PairForests(t, rounds))
     scales = ns.scales if ns.shrinks else dict.fromkeys(lg.chips, 1.0)
-    whole = shrunk_s(t.analytic_s, lg.raw, 1.0)
     q_trees = np.full(len(t), math.nan)
     q_ana = np.full(len(t), math.nan)
     for c in lg.chips:
         test = t.chip == c
-        raw_other = pairs.others(c, lg.chips)
+        raw_other = ns.others[c]
         cal = ~test & np.isfinite(raw_other)
         res = np.log(t.measured_s[cal] / shrunk_s(t.analytic_s[cal], raw_other[cal], scales[c]))
         q_trees[test] = conformal_q(np.abs(res), coverage) if cal.any() else math.inf
         q_ana[test] = conformal_q(np.abs(np.log(t.measured_s[~test] / t.analytic_s[~test])),
                                   coverage)
-    return {"trees": ns.pred_s if ns.shrinks else whole, "trees x1": whole,
+    return {"trees": ns.trees_s, "trees x1": ns.whole_s,
             "q_trees": q_trees, "q_analytic": q_ana, "scales": scales}
 
 

@@ -140,8 +140,16 @@ class NestedShrink:
     """Held-out-GPU times with the shrinkage chosen without the held-out GPU."""
 
     pred_s: np.ndarray
+    whole_s: np.ndarray                # the same forests unshrunk
     scales: dict[str, float]
     shrinks: bool      # whether shrinking beats the whole forest on held-out GPUs
+    # per held-out chip c: every other row as predicted by a forest that saw neither it nor c
+    others: dict[str, np.ndarray]
+
+    @property
+    def trees_s(self) -> np.ndarray:
+        """What blink train ships, held out: shrunk where shrinking wins, else whole."""
+        return self.pred_s if self.shrinks else self.whole_s
 
 
 def nested_shrink(t: KindTable, lg: LogoResult, pairs: PairForests) -> NestedShrink:
@@ -151,13 +159,14 @@ def nested_shrink(t: KindTable, lg: LogoResult, pairs: PairForests) -> NestedShr
     correction that transfers whole), the forest is used whole."""
     pred = np.full(len(t), math.nan)
     scales: dict[str, float] = {}
+    others: dict[str, np.ndarray] = {}
     for c in lg.chips:
         test = t.chip == c
-        raw_other = pairs.others(c, lg.chips)
+        others[c] = raw_other = pairs.others(c, lg.chips)
         cal = ~test & np.isfinite(raw_other)
         scales[c] = choose_scale(t, raw_other, cal) if cal.any() else 1.0
         pred[test] = shrunk_s(t.analytic_s[test], lg.raw[test], scales[c])
     whole = shrunk_s(t.analytic_s, lg.raw, 1.0)
     shrinks = (metrics(pred, t.measured_s)["mape"]
                < (1.0 - MIN_SHRINK_GAIN) * metrics(whole, t.measured_s)["mape"])
-    return NestedShrink(pred, scales, bool(shrinks))
+    return NestedShrink(pred, whole, scales, bool(shrinks), others)
