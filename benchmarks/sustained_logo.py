@@ -7,8 +7,8 @@ A100-PCIe-40GB (shared/data/public/neusight-train; blink/data_public.py maps the
 
 1. Observed ratio per GPU: among the rows of at least MIN_FLOP FLOPs (compute-bound at every
    size the set holds), the 95th percentile of measured FLOP/s / datasheet FP32 peak, divided by
-   the SIMT GEMM efficiency Blink's analytic model already applies (kSimtGemmEfficiency, 0.85,
-   csrc/include/blink/roofline.h), clipped to 1: what the board's clock sustains.
+   the SIMT GEMM efficiency Blink's analytic model already applies (kSimtGemmBaseEfficiency,
+   0.88, csrc/include/blink/kernel_plan.h), clipped to 1: what the board's clock sustains.
 2. For each GPU held out: SUSTAINED_W_PER_TFLOP_16NM is fitted on the other four (grid search of
    the squared log error of the clamped rule; where the error is flat over an interval, its
    centre), and the held-out GPU's ratio is predicted from its own table entry (board power,
@@ -43,7 +43,7 @@ from blink import hardware
 from blink.cost import _C, core_gpu_spec
 
 MIN_FLOP = 2e10
-SIMT_GEMM_EFFICIENCY = 0.85  # = kSimtGemmEfficiency in csrc/include/blink/roofline.h
+SIMT_GEMM_EFFICIENCY = 0.88  # = kSimtGemmBaseEfficiency in csrc/include/blink/kernel_plan.h
 GRID = [10.0 + 0.05 * i for i in range(601)]  # W per 16 nm-class TFLOP/s, 10 .. 40
 WINDOWS = [0.0, 0.25e-3, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3]  # s
 LONG_KERNEL_S = 3e-3  # 3x the boost window: the sustained ratio sets these kernels' time

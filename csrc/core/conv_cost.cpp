@@ -39,6 +39,7 @@ double round_up(double v, double a) { return std::ceil(v / a) * a; }
 
 struct PassPlan {
   double main_s = 0.0;
+  bool dram_bound = false;  // main_s is DRAM time (depthwise), not SM clocks
   double aux_bytes = 0.0;
   int64_t aux_kernels = 0;
   GemmPlan gemm;
@@ -170,7 +171,7 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
   }
   if (mode == MathMode::kOther) mode = MathMode::kFp32Simt;  // FP64: scaled below
   double min_flop_factor = 1.0;
-  double main_s = 0.0, aux_bytes = 0.0, worst = -1.0;
+  double main_s = 0.0, dram_bound_s = 0.0, aux_bytes = 0.0, worst = -1.0;
   int64_t aux_kernels = 0;
   ConvAlgo algo = ConvAlgo::kNone;
   MathMode used = mode;
@@ -186,6 +187,7 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
       const double compute = flops_one / (g.peak_fp32 * kDepthwiseComputeEfficiency);
       const double memory = depthwise_pass_bytes(s, pass) / (bw * kDepthwiseBandwidthFraction);
       plan.main_s = std::max(compute, memory);
+      plan.dram_bound = memory >= compute;
       // One thread per output (dgrad: per input) element in 256-thread CTAs; wgrad one CTA per
       // (channel, filter tap) reducing over the batch and the output grid.
       const double threads = pass == kWgrad ? s.k * s.filter * 256.0
@@ -233,6 +235,7 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
       plan.main_s *= g.peak_fp32 / std::max(1.0, peak_flops_for(MathMode::kOther, f.dtype, g));
     }
     main_s += plan.main_s;
+    if (plan.dram_bound) dram_bound_s += plan.main_s;
     aux_bytes += plan.aux_bytes;
     aux_kernels += plan.aux_kernels;
     if (plan.main_s > worst) {
@@ -245,6 +248,7 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
   f.conv_algo = static_cast<int>(algo);
   if (f.math_mode != MathMode::kOther) f.math_mode = used;
   f.kernel_compute_s = main_s;
+  f.kernel_dram_bound_s = dram_bound_s;
   f.aux_bytes += aux_bytes;
   f.kernels += aux_kernels;
   set_launch_shape(f, shape);

@@ -44,8 +44,10 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
   const bool gemm_like = f.kind == UnitKind::kGemm || f.kind == UnitKind::kConv;
   if (gemm_like && f.kernel_compute_s > 0) {
     // The planned cuBLAS / cuDNN kernels (kernel_plan.h), at boost clocks; a power-capped
-    // board slows down once its boost window is spent.
-    compute_s = sustained_time_s(f.kernel_compute_s, f.math_mode, g);
+    // board runs their SM-clock-bound part at its sustained clock (its DRAM-bound part keeps
+    // the memory clock's pace).
+    const double dram = std::clamp(f.kernel_dram_bound_s, 0.0, f.kernel_compute_s);
+    compute_s = dram + sustained_time_s(f.kernel_compute_s - dram, f.math_mode, g);
   } else if (f.flops > 0) {
     if (f.kind == UnitKind::kAttention) {
       compute_s = attention_compute_s(f, g);

@@ -148,6 +148,10 @@ struct UnitFeatures {
   int conv_algo = 0;
   bool channels_last = false;  // the main input is channels-last (NHWC) in memory
   double kernel_compute_s = 0.0;
+  // The part of kernel_compute_s that DRAM bandwidth bounds (a memory-bound direct depthwise
+  // pass): the memory clock sets it, so a power-capped board's lower SM clock does not stretch
+  // it (analytic_time_s). Not a forest input.
+  double kernel_dram_bound_s = 0.0;
   double aux_bytes = 0.0;
   // Memory-bound kernels that read their input more than once (layer norm's statistics then
   // normalise, block softmax's max / sum / write passes): input passes over DRAM, 1 = once.
