@@ -1763,10 +1763,14 @@ double peak_flops_for(MathMode mode, int dtype, const GpuSpec& g) {
 }
 
 namespace {
-double sustained_ratio(MathMode mode, const GpuSpec& g) {
+double sustained_ratio(MathMode mode, const GpuSpec& g, UnitKind kind = UnitKind::kGemm) {
   const bool tc = mode == MathMode::kTf32 || mode == MathMode::kBf16Tc ||
                   mode == MathMode::kFp16Tc || mode == MathMode::kFp8Tc;
-  return tc ? g.sustained_tc_ratio : g.sustained_fp32_ratio;
+  if (tc) return g.sustained_tc_ratio;
+  if (kind == UnitKind::kConv) {
+    return std::min(1.0, g.sustained_fp32_ratio / kConvSimtPowerFraction);
+  }
+  return g.sustained_fp32_ratio;
 }
 }  // namespace
 
@@ -1774,8 +1778,8 @@ double sustained_peak_flops(MathMode mode, int dtype, const GpuSpec& g) {
   return peak_flops_for(mode, dtype, g) * sustained_ratio(mode, g);
 }
 
-double sustained_time_s(double boost_time_s, MathMode mode, const GpuSpec& g) {
-  const double ratio = sustained_ratio(mode, g);
+double sustained_time_s(double boost_time_s, MathMode mode, const GpuSpec& g, UnitKind kind) {
+  const double ratio = sustained_ratio(mode, g, kind);
   if (!(boost_time_s > 0.0) || !(ratio > 0.0) || ratio >= 1.0) return boost_time_s;
   const double window = std::max(0.0, g.boost_window_s);
   if (boost_time_s <= window) return boost_time_s;

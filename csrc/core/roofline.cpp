@@ -26,7 +26,7 @@ double attention_compute_s(const UnitFeatures& f, const GpuSpec& g) {
   const double slots = static_cast<double>(g.sm_count) * static_cast<double>(f.blocks_per_sm);
   const double tiles = std::max<double>(1.0, static_cast<double>(f.tiles));
   const double waves = ceil_div(tiles, slots);
-  return sustained_time_s(waves * (work / tiles) / (peak * eff / slots), f.math_mode, g);
+  return sustained_time_s(waves * (work / tiles) / (peak * eff / slots), f.math_mode, g, f.kind);
 }
 
 }  // namespace
@@ -47,7 +47,7 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
     // board runs their SM-clock-bound part at its sustained clock (its DRAM-bound part keeps
     // the memory clock's pace).
     const double dram = std::clamp(f.kernel_dram_bound_s, 0.0, f.kernel_compute_s);
-    compute_s = dram + sustained_time_s(f.kernel_compute_s - dram, f.math_mode, g);
+    compute_s = dram + sustained_time_s(f.kernel_compute_s - dram, f.math_mode, g, f.kind);
   } else if (f.flops > 0) {
     if (f.kind == UnitKind::kAttention) {
       compute_s = attention_compute_s(f, g);

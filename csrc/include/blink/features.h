@@ -201,8 +201,9 @@ double peak_flops_for(MathMode mode, int dtype, const GpuSpec& gpu);
 // (compute_time_s, roofline_time_s) stays at datasheet peak.
 double sustained_peak_flops(MathMode mode, int dtype, const GpuSpec& gpu);
 // Time of dense math that takes `boost_time_s` at peak clocks, on a board that holds them for
-// gpu.boost_window_s and then runs at its sustained ratio for the mode (see GpuSpec).
-double sustained_time_s(double boost_time_s, MathMode mode, const GpuSpec& gpu);
+// gpu.boost_window_s and then runs at its sustained ratio for the mode (see GpuSpec); a
+// convolution on CUDA cores draws less power than SGEMM (kConvSimtPowerFraction).
+double sustained_time_s(double boost_time_s, MathMode mode, const GpuSpec& gpu, UnitKind kind);
 
 const char* unit_kind_name(UnitKind kind);   // "gemm", "conv", ..., "other"
 const char* math_mode_name(MathMode mode);   // "fp32_simt", "tf32", "bf16_tc", ..., "other"
