@@ -44,7 +44,7 @@ from blink import hardware
 from blink.cost import _C, core_gpu_spec
 
 MIN_FLOP = 2e10
-SIMT_GEMM_EFFICIENCY = 0.88  # = kSimtGemmBaseEfficiency in csrc/include/blink/kernel_plan.h
+SIMT_GEMM_EFFICIENCY = float(_C.kSimtGemmBaseEfficiency)  # csrc/include/blink/kernel_plan.h
 GRID = [10.0 + 0.05 * i for i in range(601)]  # W per 16 nm-class TFLOP/s, 10 .. 40
 WINDOWS = [0.0, 0.25e-3, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3]  # s
 LONG_KERNEL_S = 3e-3  # long enough that no boost window (the old fit: 1 ms) shapes their time

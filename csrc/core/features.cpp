@@ -1763,7 +1763,7 @@ double peak_flops_for(MathMode mode, int dtype, const GpuSpec& g) {
 }
 
 namespace {
-double sustained_ratio(MathMode mode, const GpuSpec& g, UnitKind kind = UnitKind::kGemm) {
+double sustained_ratio(MathMode mode, const GpuSpec& g, UnitKind kind) {
   const bool tc = mode == MathMode::kTf32 || mode == MathMode::kBf16Tc ||
                   mode == MathMode::kFp16Tc || mode == MathMode::kFp8Tc;
   if (tc) return g.sustained_tc_ratio;
@@ -1773,10 +1773,6 @@ double sustained_ratio(MathMode mode, const GpuSpec& g, UnitKind kind = UnitKind
   return g.sustained_fp32_ratio;
 }
 }  // namespace
-
-double sustained_peak_flops(MathMode mode, int dtype, const GpuSpec& g) {
-  return peak_flops_for(mode, dtype, g) * sustained_ratio(mode, g);
-}
 
 double sustained_time_s(double boost_time_s, MathMode mode, const GpuSpec& g, UnitKind kind) {
   const double ratio = sustained_ratio(mode, g, kind);

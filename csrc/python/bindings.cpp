@@ -427,10 +427,12 @@ AllocSimOptions sim_options(bool expandable_segments, int64_t capacity_bytes) {
 }  // namespace blink
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // The cost constants a fit script reads back (benchmarks/sustained_logo.py).
-  m.attr("kConvSimtPowerFraction") = blink::kConvSimtPowerFraction;
   using namespace blink;
   m.doc() = "Blink's compiled core: the dispatch tracer and the torch-free cost engine.";
+  // Cost constants the power-rule fits read back (benchmarks/sustained_logo.py), so no script
+  // keeps a copy that can go stale.
+  m.attr("kSimtGemmBaseEfficiency") = kSimtGemmBaseEfficiency;
+  m.attr("kConvSimtPowerFraction") = kConvSimtPowerFraction;
   // blink::Error arrives in Python as blink._C.Error, a subclass of blink.errors.BlinkError.
   py::object base = py::module_::import("blink.errors").attr("BlinkError");
   py::register_exception<Error>(m, "Error", base);

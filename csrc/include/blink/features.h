@@ -196,13 +196,10 @@ int64_t dtype_itemsize(int dtype);
 
 // Peak FLOP/s the math mode runs at on `gpu` (dtype picks the rate for kOther: FP64 or FP32).
 double peak_flops_for(MathMode mode, int dtype, const GpuSpec& gpu);
-// What dense math of that mode sustains on `gpu`: peak_flops_for x the GPU's sustained ratio
-// for tensor-core or SIMT math. Compute-bound time models use this; the pure roofline
-// (compute_time_s, roofline_time_s) stays at datasheet peak.
-double sustained_peak_flops(MathMode mode, int dtype, const GpuSpec& gpu);
 // Time of dense math that takes `boost_time_s` at peak clocks, on a board that holds them for
 // gpu.boost_window_s and then runs at its sustained ratio for the mode (see GpuSpec); a
-// convolution on CUDA cores draws less power than SGEMM (kConvSimtPowerFraction).
+// convolution on CUDA cores draws less power than SGEMM (kConvSimtPowerFraction). The pure
+// roofline (compute_time_s, roofline_time_s) stays at datasheet peak.
 double sustained_time_s(double boost_time_s, MathMode mode, const GpuSpec& gpu, UnitKind kind);
 
 const char* unit_kind_name(UnitKind kind);   // "gemm", "conv", ..., "other"
