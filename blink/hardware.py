@@ -54,10 +54,11 @@ FORM_FACTORS = ("SXM", "PCIe")
 # the board's power equals the math's power draw. Blink's rule, one place, one fitted constant:
 #
 #     demand = peak_fp32 [TFLOP/s at boost] x energy_scale(process) / board_power [W]
-#     ratio  = min(1, 1 / (SUSTAINED_W_PER_TFLOP_16NM x demand))
+#     ratio  = min(max_clock, 1 / (SUSTAINED_W_PER_TFLOP_16NM x demand))
 #
 # i.e. a board sustains at most board_power / (W_per_TFLOP x energy_scale) TFLOP/s of dense
-# FP32 math, and never more than boost. Power is taken as linear in clock (P = k f): the public
+# FP32 math, and never more than its highest clock: boost, or on a GeForce board (its
+# "boost_clock_kind" is "typical") TYPICAL_BOOST_HEADROOM x boost (below). Power is taken as linear in clock (P = k f): the public
 # data below do not resolve the voltage term. The base clock is NOT a floor: the NeuSight P4
 # sustains less than its listed base clock (0.67 of boost against 886 / 1063 MHz).
 #
@@ -109,6 +110,19 @@ PROCESS_ENERGY_SCALE: dict[str, float] = {
     "TSMC 4N": 0.25,
     "TSMC 4NP": 0.23,
 }
+
+# What a datasheet's boost clock means. Data-centre parts (Tesla, A100, H100 ...) list their
+# maximum application clock, which GPU Boost does not exceed ("max"). GeForce and TITAN boards
+# list a typical clock under load: GPU Boost runs them above it while power and temperature
+# allow ("typical"), so their highest clock is TYPICAL_BOOST_HEADROOM x boost. An estimate from
+# public stock-clock observations (not fitted to any data set here): NVIDIA's RTX 4090 FE demo
+# at 2810-2850 MHz against its listed 2520 (1.12-1.13), and the RTX 3090 Ti at 2000-2050 MHz
+# against 1860 (1.08-1.10), both at stock (tweaktown.com, 2022-09-22). The power rule still caps
+# dense math below it, so only work under the cap (tensor-core math on most boards) runs faster.
+# The check: timm-rtx3090 (the RTX 3090's AMP models, all tensor-core GEMMs and convolutions)
+# in blink evaluate, held-out families; DeepBench's Pascal GeForce boards are FP32 at their cap.
+TYPICAL_BOOST_HEADROOM = 1.10
+BOOST_CLOCK_KINDS = ("max", "typical")
 
 _BUILTIN_ORIGIN = "the built-in GPU table (blink/data/gpus.json)"
 _HOW_TO_ADD = (
@@ -178,6 +192,15 @@ class GPUSpec:
     sustained_fp32_ratio: float = 1.0
     sustained_tc_ratio: float = 1.0
     sustained_source: str = ""
+    # "max": the listed boost is the highest clock; "typical": GPU Boost runs above it
+    # (GeForce; see TYPICAL_BOOST_HEADROOM). The sustained ratios are fractions of the listed
+    # boost, at most max_clock_ratio.
+    boost_clock_kind: str = "max"
+
+    @property
+    def max_clock_ratio(self) -> float:
+        """The highest clock the board runs at, as a fraction of its listed boost."""
+        return TYPICAL_BOOST_HEADROOM if self.boost_clock_kind == "typical" else 1.0
 
     @property
     def sustained_fp32_clock_mhz(self) -> float:
@@ -339,7 +362,7 @@ _REQUIRED_FIELDS = (
     "peak_flops",
 )
 _OPTIONAL_FIELDS = ("aliases", "source", "notes", "memory_note", "fp16_tensor_core",
-                    "base_clock_mhz", "process", "sustained")
+                    "base_clock_mhz", "process", "sustained", "boost_clock_kind")
 # Keys of an entry's optional "sustained" object: measured or vendor ratios that replace the
 # power rule's, with the source they come from (required with either ratio).
 _SUSTAINED_KEYS = ("fp32_ratio", "tc_ratio", "source")
@@ -458,9 +481,17 @@ def _parse_gpu(raw: object, origin: str, index: int) -> GPUSpec:
     peaks = _parse_peak_flops(where, raw["peak_flops"])
     tdp_w = _positive_number(where, raw, "tdp_w")
     boost = _positive_number(where, raw, "boost_clock_mhz")
+    boost_kind = raw.get("boost_clock_kind", "max")
+    if boost_kind not in BOOST_CLOCK_KINDS:
+        raise where.error(
+            f"must be one of {', '.join(repr(k) for k in BOOST_CLOCK_KINDS)} ('typical': a "
+            f"GeForce board whose GPU Boost runs above the listed clock), got {boost_kind!r}",
+            "boost_clock_kind",
+        )
+    max_clock = TYPICAL_BOOST_HEADROOM if boost_kind == "typical" else 1.0
     fp32_ratio, tc_ratio, sustained_source = _sustained(
         where, raw.get("sustained"), peaks["fp32"],
-        (peaks["fp16"] or peaks["bf16"]) if fp16_tc else None, tdp_w, boost, process
+        (peaks["fp16"] or peaks["bf16"]) if fp16_tc else None, tdp_w, boost, process, max_clock
     )
     return GPUSpec(
         name=name,
@@ -485,6 +516,7 @@ def _parse_gpu(raw: object, origin: str, index: int) -> GPUSpec:
         sustained_fp32_ratio=fp32_ratio,
         sustained_tc_ratio=tc_ratio,
         sustained_source=sustained_source,
+        boost_clock_kind=boost_kind,
     )
 
 
@@ -493,15 +525,17 @@ def power_rule_ratio(
     tdp_w: float,
     process: str,
     w_per_tflop_16nm: float = SUSTAINED_W_PER_TFLOP_16NM,
+    max_clock: float = 1.0,
 ) -> float:
     """The fraction of boost a board holds under dense math by the power rule (see
-    SUSTAINED_W_PER_TFLOP_16NM); 1.0 when the process is unknown."""
+    SUSTAINED_W_PER_TFLOP_16NM), at most `max_clock` (the board's highest clock over its listed
+    boost: TYPICAL_BOOST_HEADROOM on a GeForce board); `max_clock` when the process is unknown."""
     scale = PROCESS_ENERGY_SCALE.get(process)
     if scale is None:
-        return 1.0
+        return max_clock
     demand = peak_fp32 / 1e12 * scale / tdp_w
     ratio = 1.0 / (w_per_tflop_16nm * demand)
-    return min(1.0, ratio)
+    return min(max_clock, ratio)
 
 
 def _sustained(
@@ -512,17 +546,21 @@ def _sustained(
     tdp_w: float,
     boost: float,
     process: str,
+    max_clock: float = 1.0,
 ) -> tuple[float, float, str]:
     """(fp32 ratio, tensor-core ratio, source) of an entry: its "sustained" object where it
     gives them, else the power rule: FP32 math at the FP32 peak's demand, tensor-core math at
     the dense FP16 tensor-core peak x TC_ENERGY_PER_FLOP (`peak_tc` None: no tensor cores, the
-    FP32 ratio for both)."""
-    rule = power_rule_ratio(peak_fp32 or 0.0, tdp_w, process)
-    tc_rule = (power_rule_ratio(peak_tc * TC_ENERGY_PER_FLOP, tdp_w, process)
-               if peak_tc else rule)
+    FP32 ratio for both). `max_clock`: the highest clock over the listed boost (the ratios' cap)."""
+    rule = power_rule_ratio(peak_fp32 or 0.0, tdp_w, process, max_clock=max_clock)
+    tc_rule = (power_rule_ratio(peak_tc * TC_ENERGY_PER_FLOP, tdp_w, process,
+                                max_clock=max_clock) if peak_tc else rule)
 
     def what(r: float) -> str:
-        return "holds boost" if r >= 1.0 else f"{r:.3f} of boost = {r * boost:.0f} MHz"
+        if r == 1.0:
+            return "holds boost"
+        above = " (GPU Boost above the listed clock)" if r > 1.0 else ""
+        return f"{r:.3f} of boost = {r * boost:.0f} MHz{above}"
 
     if process:
         tc = (f"; tensor cores: {peak_tc / 1e12:.1f} TFLOP/s x {TC_ENERGY_PER_FLOP:g} -> "
@@ -533,7 +571,8 @@ def _sustained(
             f"(energy scale {PROCESS_ENERGY_SCALE[process]:g}) -> {what(rule)}{tc}"
         )
     else:
-        derived = "no process given: assumed to hold boost (power rule not applied)"
+        derived = ("no process given: assumed to hold its highest clock (power rule not "
+                   "applied)")
     if raw is None:
         return rule, tc_rule, derived
     if not isinstance(raw, dict):
@@ -550,8 +589,9 @@ def _sustained(
         if value is None:
             ratios.append(default)
             continue
-        if not _is_number(value) or not (0.0 < value <= 1.0):
-            raise where.error(f"must be a number in (0, 1], got {value!r}", f"sustained.{key}")
+        if not _is_number(value) or not (0.0 < value <= max_clock):
+            raise where.error(f"must be a number in (0, {max_clock:g}], got {value!r}",
+                              f"sustained.{key}")
         ratios.append(float(value))
     src = raw.get("source")
     if not isinstance(src, str) or not src.strip():

@@ -580,7 +580,9 @@ def test_every_entry_has_power_clocks_and_a_sustained_figure(name):
     assert g.tdp_w > 0
     assert g.base_clock_mhz is None or 100 <= g.base_clock_mhz <= g.boost_clock_mhz
     assert g.process in hardware.PROCESS_ENERGY_SCALE
-    assert 0 < g.sustained_fp32_ratio <= 1 and 0 < g.sustained_tc_ratio <= 1
+    top = g.max_clock_ratio
+    assert top == (hardware.TYPICAL_BOOST_HEADROOM if g.boost_clock_kind == "typical" else 1.0)
+    assert 0 < g.sustained_fp32_ratio <= top and 0 < g.sustained_tc_ratio <= top
     assert g.sustained_source.strip()
     if g.sustained_fp32_ratio < 1:
         assert "MHz" in g.sustained_source  # says the clock it settles at
@@ -855,3 +857,86 @@ def test_core_spec_carries_the_sustained_ratios_and_checks_them():
         _C.GpuSpec(name="x", sm_count=1, clock_hz=1e9, mem_bw=1e11, l2_bytes=1e6,
                    peak_fp32=1e12, peak_tf32=0, peak_bf16=0, peak_fp16=1e12, peak_fp8=0,
                    cc_major=8, cc_minor=0, sustained_fp32_ratio=1.5)
+
+
+def _rtx3090_entry(name: str, boost_clock_kind: str) -> dict:
+    entry = copy.deepcopy(next(g for g in builtin_document()["gpus"] if g["name"] == "RTX3090"))
+    entry["name"] = name
+    entry["aliases"] = [name.lower()]
+    entry["boost_clock_kind"] = boost_clock_kind
+    return entry
+
+
+def test_geforce_boards_run_below_their_power_cap_above_the_listed_boost(tmp_path):
+    from blink.cost import tensor_arg, unit_features
+
+    # The same RTX 3090 read as if its listed boost were its top clock (a data-centre reading).
+    hardware.register_gpu_file(write_json(tmp_path / "g.json",
+                                          _rtx3090_entry("RTX3090-listed", "max")))
+    geforce, listed = hardware.get_gpu("RTX3090"), hardware.get_gpu("RTX3090-listed")
+    assert geforce.boost_clock_kind == "typical" and listed.boost_clock_kind == "max"
+    assert geforce.max_clock_ratio == hardware.TYPICAL_BOOST_HEADROOM > 1.0
+    assert "above the listed clock" in geforce.sustained_source
+    n = 8192
+    half = [tensor_arg((n, n), 5), tensor_arg((n, n), 5)], [tensor_arg((n, n), 5)]
+    single = [tensor_arg((n, n), 6), tensor_arg((n, n), 6)], [tensor_arg((n, n), 6)]
+    # Tensor-core math is far below the 350 W cap: GPU Boost runs it above the listed clock ...
+    tc, tc_listed = (unit_features("aten::mm", *half, g)["analytic_time_s"]
+                     for g in (geforce, listed))
+    assert tc == pytest.approx(tc_listed / hardware.TYPICAL_BOOST_HEADROOM, rel=1e-6)
+    # ... while dense SGEMM is power-bound: the cap sets the clock, whatever the listed boost.
+    fp32, fp32_listed = (unit_features("aten::mm", *single, g)["analytic_time_s"]
+                         for g in (geforce, listed))
+    assert geforce.sustained_fp32_ratio < 1.0
+    assert fp32 == pytest.approx(fp32_listed, rel=1e-6)
+    # The roofline baseline stays at the datasheet.
+    assert unit_features("aten::mm", *half, geforce)["roofline_time_s"] == pytest.approx(
+        2.0 * n**3 / geforce.peak_flops["fp16"])
+    # Data-centre parts never run above the listed boost.
+    for name in ("A100-40GB", "H100-SXM", "H200", "V100", "T4"):
+        g = hardware.get_gpu(name)
+        assert g.boost_clock_kind == "max"
+        assert max(g.sustained_fp32_ratio, g.sustained_tc_ratio) <= 1.0
+
+
+def test_boost_clock_kind_and_sustained_ratios_are_checked(tmp_path):
+    from blink.cost import _C
+
+    e = _rtx3090_entry("Odd-3090", "turbo")
+    with pytest.raises(ConfigError, match="boost_clock_kind.*'max', 'typical'"):
+        hardware.register_gpu_file(write_json(tmp_path / "k.json", e))
+    # A measured ratio may exceed 1 on a GeForce board, never its top clock.
+    e = _rtx3090_entry("Measured-3090", "typical")
+    e["sustained"] = {"tc_ratio": 1.05, "source": "nvidia-smi clocks under HGEMM"}
+    hardware.register_gpu_file(write_json(tmp_path / "m.json", e))
+    assert hardware.get_gpu("Measured-3090").sustained_tc_ratio == 1.05
+    for kind, ratio in (("typical", 1.2), ("max", 1.05)):
+        e = _rtx3090_entry("Bad-3090", kind)
+        e["sustained"] = {"tc_ratio": ratio, "source": "x"}
+        with pytest.raises(ConfigError, match=r"sustained\.tc_ratio"):
+            hardware.register_gpu_file(write_json(tmp_path / "b.json", e))
+    kw = dict(name="x", sm_count=1, clock_hz=1e9, mem_bw=1e11, l2_bytes=1e6, peak_fp32=1e12,
+              peak_tf32=0, peak_bf16=0, peak_fp16=1e12, peak_fp8=0, cc_major=8, cc_minor=6)
+    assert _C.GpuSpec(**kw, sustained_tc_ratio=1.1, max_clock_ratio=1.1).max_clock_ratio == 1.1
+    with pytest.raises(Exception, match="sustained ratios"):
+        _C.GpuSpec(**kw, sustained_tc_ratio=1.2, max_clock_ratio=1.1)
+    with pytest.raises(Exception, match="max_clock_ratio"):
+        _C.GpuSpec(**kw, max_clock_ratio=0.9)
+
+
+# The public maximum achievable BF16 matmul rates (stas00/ml-engineering, compute/accelerator
+# README, "Maximum Achievable Matmul FLOPS comparison table": the best shape of a brute-force
+# shape search with torch.matmul, CUDA 12.1). Measured by others on GPUs Blink has no per-op
+# data for; the predicted rate of the same shape must come close without exceeding it.
+@pytest.mark.parametrize("gpu, shape, mamf_tflops", [
+    ("A100-40GB", (6912, 16384, 2048), 267.9),   # A100 SXM
+    ("H100-SXM", (6144, 17920, 2816), 792.1),
+])
+def test_large_bf16_gemm_runs_near_the_public_maximum_achievable_rate(gpu, shape, mamf_tflops):
+    from blink.cost import tensor_arg, unit_features
+
+    m, n, k = shape
+    f = unit_features("aten::mm", [tensor_arg((m, k), 15), tensor_arg((k, n), 15)],
+                      [tensor_arg((m, n), 15)], gpu)
+    predicted = 2.0 * m * n * k / f["analytic_time_s"] / 1e12
+    assert 0.93 * mamf_tflops < predicted < 1.02 * mamf_tflops

@@ -1768,7 +1768,8 @@ double sustained_ratio(MathMode mode, const GpuSpec& g, UnitKind kind) {
                   mode == MathMode::kFp16Tc || mode == MathMode::kFp8Tc;
   if (tc) return g.sustained_tc_ratio;
   if (kind == UnitKind::kConv) {
-    return std::min(1.0, g.sustained_fp32_ratio / kConvSimtPowerFraction);
+    return std::min(std::max(1.0, g.max_clock_ratio),
+                    g.sustained_fp32_ratio / kConvSimtPowerFraction);
   }
   return g.sustained_fp32_ratio;
 }
@@ -1776,7 +1777,9 @@ double sustained_ratio(MathMode mode, const GpuSpec& g, UnitKind kind) {
 
 double sustained_time_s(double boost_time_s, MathMode mode, const GpuSpec& g, UnitKind kind) {
   const double ratio = sustained_ratio(mode, g, kind);
-  if (!(boost_time_s > 0.0) || !(ratio > 0.0) || ratio >= 1.0) return boost_time_s;
+  if (!(boost_time_s > 0.0) || !(ratio > 0.0) || ratio == 1.0) return boost_time_s;
+  // Above its listed boost (a GeForce board below its power cap) the whole kernel runs faster.
+  if (ratio > 1.0) return boost_time_s / ratio;
   const double window = std::max(0.0, g.boost_window_s);
   if (boost_time_s <= window) return boost_time_s;
   return window + (boost_time_s - window) / ratio;

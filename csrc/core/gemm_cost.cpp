@@ -148,7 +148,8 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
     return best;
   }
 
-  const double base = (tc ? kTcGemmBaseEfficiency : kSimtGemmBaseEfficiency) * p.efficiency_scale;
+  const double base =
+      (tc ? tc_gemm_base_efficiency(g.cc_major) : kSimtGemmBaseEfficiency) * p.efficiency_scale;
   const double peak_sm_clk = peak / (sms * clock);  // FLOP per clock per SM
   const double ob = out_bytes(p.dtype);
   best.compute_s = std::numeric_limits<double>::infinity();

@@ -72,7 +72,7 @@ double step_gemm_s(const UnitFeatures& p, const GpuSpec& g, double m, double n, 
   const bool tc = p.math_mode == MathMode::kTf32 || p.math_mode == MathMode::kBf16Tc ||
                   p.math_mode == MathMode::kFp16Tc;
   const double peak = peak_flops_for(p.math_mode, p.dtype, g);
-  const double eff = tc ? kTcGemmBaseEfficiency : kSimtGemmBaseEfficiency;
+  const double eff = tc ? tc_gemm_base_efficiency(g.cc_major) : kSimtGemmBaseEfficiency;
   const double compute = peak > 0 ? 2.0 * m * n * k * dirs / (peak * eff) : 0.0;
   const double weights = k * n * dirs * itemsize;
   const double activations = (m * k + m * n) * dirs * itemsize;

@@ -836,15 +836,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        double peak_fp32, double peak_tf32, double peak_bf16, double peak_fp16,
                        double peak_fp8, int cc_major, int cc_minor, double peak_fp64,
                        double sustained_fp32_ratio, double sustained_tc_ratio,
-                       double boost_window_s) {
+                       double boost_window_s, double max_clock_ratio) {
              GpuSpec g;
              g.name = name; g.sm_count = sm_count; g.clock_hz = clock_hz; g.mem_bw = mem_bw;
              g.l2_bytes = l2_bytes; g.peak_fp32 = peak_fp32; g.peak_tf32 = peak_tf32;
              g.peak_bf16 = peak_bf16; g.peak_fp16 = peak_fp16; g.peak_fp8 = peak_fp8;
              g.cc_major = cc_major; g.cc_minor = cc_minor; g.peak_fp64 = peak_fp64;
-             BLINK_CHECK(sustained_fp32_ratio > 0.0 && sustained_fp32_ratio <= 1.0 &&
-                             sustained_tc_ratio > 0.0 && sustained_tc_ratio <= 1.0,
-                         "GpuSpec '" + name + "': sustained ratios must be in (0, 1]");
+             BLINK_CHECK(max_clock_ratio >= 1.0 && max_clock_ratio <= 1.5,
+                         "GpuSpec '" + name + "': max_clock_ratio must be in [1, 1.5]");
+             g.max_clock_ratio = max_clock_ratio;
+             BLINK_CHECK(sustained_fp32_ratio > 0.0 && sustained_fp32_ratio <= max_clock_ratio &&
+                             sustained_tc_ratio > 0.0 && sustained_tc_ratio <= max_clock_ratio,
+                         "GpuSpec '" + name + "': sustained ratios must be in (0, max_clock_ratio]");
              g.sustained_fp32_ratio = sustained_fp32_ratio;
              g.sustained_tc_ratio = sustained_tc_ratio;
              BLINK_CHECK(boost_window_s >= 0.0 && boost_window_s < 10.0,
@@ -856,8 +859,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("l2_bytes"), py::arg("peak_fp32"), py::arg("peak_tf32"), py::arg("peak_bf16"),
            py::arg("peak_fp16"), py::arg("peak_fp8"), py::arg("cc_major"), py::arg("cc_minor"),
            py::arg("peak_fp64") = 0.0, py::arg("sustained_fp32_ratio") = 1.0,
-           py::arg("sustained_tc_ratio") = 1.0, py::arg("boost_window_s") = 0.0)
+           py::arg("sustained_tc_ratio") = 1.0, py::arg("boost_window_s") = 0.0,
+           py::arg("max_clock_ratio") = 1.0)
       .def_readonly("sustained_fp32_ratio", &GpuSpec::sustained_fp32_ratio)
+      .def_readonly("max_clock_ratio", &GpuSpec::max_clock_ratio)
       .def_readonly("sustained_tc_ratio", &GpuSpec::sustained_tc_ratio)
       .def_readonly("boost_window_s", &GpuSpec::boost_window_s);
   m.def("features_for",

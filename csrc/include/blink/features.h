@@ -41,6 +41,11 @@ struct GpuSpec {
   // fp32: SIMT math (and FP64 / integer); tc: tensor-core math. 1 = holds boost.
   double sustained_fp32_ratio = 1.0;
   double sustained_tc_ratio = 1.0;
+  // The highest clock the board runs at, as a fraction of its listed boost: 1 where the listed
+  // boost is the maximum (data-centre parts), above 1 where it is a typical clock that GPU
+  // Boost exceeds below the power cap (GeForce: blink/hardware.py TYPICAL_BOOST_HEADROOM).
+  // The sustained ratios lie in (0, max_clock_ratio]; above 1 a kernel runs faster than boost.
+  double max_clock_ratio = 1.0;
   // GPU Boost reacts to average board power, not instantly: an isolated burst of dense math
   // runs its first boost_window_s at boost before the clock falls to the sustained ratio.
   // 0 = steady state (a busy GPU in a training or inference loop): all of it at the ratio.
