@@ -58,9 +58,10 @@ FORM_FACTORS = ("SXM", "PCIe")
 #
 # i.e. a board sustains at most board_power / (W_per_TFLOP x energy_scale) TFLOP/s of dense
 # FP32 math, and never more than its highest clock: boost, or on a GeForce board (its
-# "boost_clock_kind" is "typical") TYPICAL_BOOST_HEADROOM x boost (below). Power is taken as linear in clock (P = k f): the public
-# data below do not resolve the voltage term. The base clock is NOT a floor: the NeuSight P4
-# sustains less than its listed base clock (0.67 of boost against 886 / 1063 MHz).
+# "boost_clock_kind" is "typical") TYPICAL_BOOST_HEADROOM x boost (below). Power is taken as
+# linear in clock (P = k f): the public data below do not resolve the voltage term. The base
+# clock is NOT a floor: the NeuSight P4 sustains less than its listed base clock (0.67 of
+# boost against 886 / 1063 MHz).
 #
 # GPU Boost reacts to average power over a window, so a short, isolated burst could run at
 # boost before the clock falls: BOOST_WINDOW_S is how long an isolated kernel holds boost before
