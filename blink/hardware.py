@@ -125,6 +125,12 @@ PROCESS_ENERGY_SCALE: dict[str, float] = {
 TYPICAL_BOOST_HEADROOM = 1.10
 BOOST_CLOCK_KINDS = ("max", "typical")
 
+
+def _max_clock_ratio(boost_clock_kind: str) -> float:
+    """The highest clock of a board whose listed boost is of this kind, over that boost."""
+    return TYPICAL_BOOST_HEADROOM if boost_clock_kind == "typical" else 1.0
+
+
 _BUILTIN_ORIGIN = "the built-in GPU table (blink/data/gpus.json)"
 _HOW_TO_ADD = (
     "To add a GPU, describe it in a JSON file with the schema of blink/data/gpus.json (a single "
@@ -201,7 +207,7 @@ class GPUSpec:
     @property
     def max_clock_ratio(self) -> float:
         """The highest clock the board runs at, as a fraction of its listed boost."""
-        return TYPICAL_BOOST_HEADROOM if self.boost_clock_kind == "typical" else 1.0
+        return _max_clock_ratio(self.boost_clock_kind)
 
     @property
     def sustained_fp32_clock_mhz(self) -> float:
@@ -489,7 +495,7 @@ def _parse_gpu(raw: object, origin: str, index: int) -> GPUSpec:
             f"GeForce board whose GPU Boost runs above the listed clock), got {boost_kind!r}",
             "boost_clock_kind",
         )
-    max_clock = TYPICAL_BOOST_HEADROOM if boost_kind == "typical" else 1.0
+    max_clock = _max_clock_ratio(boost_kind)
     fp32_ratio, tc_ratio, sustained_source = _sustained(
         where, raw.get("sustained"), peaks["fp32"],
         (peaks["fp16"] or peaks["bf16"]) if fp16_tc else None, tdp_w, boost, process, max_clock
