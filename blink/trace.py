@@ -636,19 +636,13 @@ def _sdpa_library(cc: tuple[int, ...], forced: str) -> torch.library.Library:
                 query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
                 enable_gqa=enable_gqa)[0]
         if forced == "auto":
-            backend = _sdpa.choose_sdpa_backend(
-                compute_capability=(cc[0], cc[1]), dtype=query.dtype,
-                q_shape=tuple(query.shape), k_shape=tuple(key.shape),
-                v_shape=tuple(value.shape), has_attn_mask=attn_mask is not None,
-                attn_mask_dtype=None if attn_mask is None else attn_mask.dtype,
-                dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa,
-                requires_grad=torch.is_grad_enabled() and (
-                    query.requires_grad or key.requires_grad or value.requires_grad),
-                q_stride=tuple(query.stride()), k_stride=tuple(key.stride()),
-                v_stride=tuple(value.stride()))
-        else:
-            backend = forced
-        return _sdpa.call_fused_sdpa(backend, query, key, value, attn_mask, dropout_p,
+            # All of at::native::scaled_dot_product_attention: the attn_mask's shape, strides
+            # and requires_grad (cuDNN takes no mask that needs a gradient), unbatched and
+            # empty inputs, as select_sdp_backend sees them.
+            return _sdpa.target_scaled_dot_product_attention(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                compute_capability=(cc[0], cc[1]))
+        return _sdpa.call_fused_sdpa(forced, query, key, value, attn_mask, dropout_p,
                                      is_causal, scale, enable_gqa)
 
     lib = torch.library.Library("aten", "IMPL")

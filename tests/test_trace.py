@@ -179,6 +179,43 @@ def test_sdpa_traced_as_fused_kernel_with_logsumexp():
     assert big == []
 
 
+class _BiasedAttention(torch.nn.Module):
+    """Attention with a learned relative-position bias as its attn_mask (timm's CoAtNet and
+    MaxViT pass theirs the same way)."""
+
+    def __init__(self, heads: int = 4, tokens: int = 64, dim: int = 64) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.bias = torch.nn.Parameter(torch.zeros(1, heads, tokens, tokens))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        bias = self.bias.to(q.dtype)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return out.transpose(1, 2).reshape(b, n, c)
+
+
+def _attention_kernels(t: blink.Trace) -> set[str]:
+    return {o.name for o in t.ops if o.name.startswith("aten::_scaled_dot_product_")}
+
+
+def test_sdpa_with_a_mask_that_needs_its_gradient_is_not_run_on_cudnn():
+    """PyTorch's check_attn_mask_shape turns cuDNN attention down for an attn_mask that
+    requires grad (its backward returns none for the bias): on an H100, whose bf16 SDPA
+    prefers cuDNN, a learned bias in training runs mem-efficient attention, and the same
+    model in inference (no grad) runs cuDNN."""
+    shape = (8, 64, 64)
+    train = blink.trace_model(_BiasedAttention(), input_shape=shape, dtype="bf16",
+                              mode="train", gpu="H100-SXM")
+    assert _attention_kernels(train) == {"aten::_scaled_dot_product_efficient_attention",
+                                         "aten::_scaled_dot_product_efficient_attention_backward"}
+    infer = blink.trace_model(_BiasedAttention(), input_shape=shape, dtype="bf16",
+                              gpu="H100-SXM")
+    assert _attention_kernels(infer) == {"aten::_scaled_dot_product_cudnn_attention"}
+
+
 def test_nested_trace_refused_and_state_clean_after_error():
     with pytest.raises(blink.BlinkError, match="already running"):
         with blink.trace():
