@@ -20,6 +20,13 @@ Each rule mirrors one dispatch decision PyTorch's CUDA backend makes and the met
   ``torch.is_autocast_enabled("meta")`` / ``torch.get_autocast_dtype("meta")`` answer for CUDA.
 * ``device="cuda"`` in the traced code: factory calls, ``Tensor.cuda()`` / ``.to("cuda")`` and
   ``Module.cuda()`` are given the meta device instead (the dry run stands in for the GPU).
+* ``nn.MultiheadAttention``'s inference fast path (activation.py): it calls
+  ``torch._native_multi_head_attention`` only for tensors on cpu / cuda (``_check_arg_device``),
+  so on meta it took the slow path, whose in-projection of the transposed (L, N, E) input is a
+  bmm over L batches of N-row GEMMs. CUDA's kernel (``native_multi_head_attention_cuda``,
+  aten/src/ATen/native/transformers/cuda/attention.cu) is mirrored with the ops it runs
+  (:func:`_native_mha_cuda`). ``nn.TransformerEncoderLayer``'s own fast path is left to its
+  slow path, which runs the same kernels around this attention (add, layer norm, linear).
 
 Where cuDNN is not acceptable (bf16, cuDNN off) a meta LSTM runs the native loop as CUDA
 does it (two matmuls and one fused ``_thnn_fused_lstm_cell`` per step); other ops whose rule
@@ -27,6 +34,7 @@ fails keep the behaviour PyTorch gives them off CUDA (``torch._decomp``'s RNN de
 """
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -451,6 +459,102 @@ def _install_device_mode(undo: list[Callable[[], None]]) -> None:
     undo.append(lambda: mode.__exit__(None, None, None))
 
 
+# ---- nn.MultiheadAttention's fast path (attention.cu) ---------------------------------------
+
+def _native_mha_cuda(cc: tuple[int, int], query: Tensor, key: Tensor, value: Tensor,
+                     embed_dim: int, num_head: int, qkv_weight: Tensor, qkv_bias: Tensor,
+                     proj_weight: Tensor, proj_bias: Tensor, mask: Tensor | None = None,
+                     need_weights: bool = True, average_attn_weights: bool = True,
+                     mask_type: int | None = None) -> tuple[Tensor, Tensor | None]:
+    """native_multi_head_attention_cuda's kernels, with public ops of the same traffic, for a
+    GPU of compute capability `cc` (query: (B, T, D))."""
+    from . import sdpa as _sdpa
+
+    b, t, d = query.shape
+    dph = embed_dim // num_head
+    if query is key and key is value and not need_weights and mask is None:
+        # Its SDPA branch: taken where select_sdp_backend, asked about views of the input,
+        # picks a fused kernel.
+        v4 = query.view(b, -1, num_head, dph).transpose(1, 2)
+        backend = _sdpa.choose_sdpa_backend_for_tensors(v4, v4, v4,
+                                                        compute_capability=cc)
+        if backend in ("flash", "efficient", "cudnn"):
+            x = torch.nn.functional.linear(query, qkv_weight, qkv_bias)
+            q, k, v = (c.view(b, -1, num_head, dph).transpose(1, 2) for c in x.chunk(3, -1))
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            y = y.transpose(1, 2).reshape(b, -1, embed_dim)
+            return torch.nn.functional.linear(y, proj_weight, proj_bias), None
+    # qkv_projection: one GEMM without the bias (query @ qkv_weight^T).
+    qkv = torch.matmul(query, qkv_weight.t())
+    # _transform_bias_rescale_qkv: one kernel adds the bias, scales q by 1/sqrt(dph) and writes
+    # q, k, v as 3 x (B, H, T, dph): an add into that layout moves the same bytes.
+    out = torch.empty(3, b, num_head, t, dph, dtype=qkv.dtype, device=qkv.device)
+    torch.add(qkv.view(b, t, 3, num_head, dph), qkv_bias.view(3, num_head, dph),
+              out=out.permute(1, 3, 0, 2, 4))
+    q, k, v = out.unbind(0)
+    qkt = torch.matmul(q, k.transpose(-2, -1))  # bmm_nt
+    # _masked_softmax: one pass over the scores (the mask is read alongside).
+    qkt = torch.softmax(qkt, -1)
+    ctx = torch.matmul(qkt, v)  # bmm_nn, (B, H, T, dph)
+    # transform0213_gemm_nt_bias: ctx to (B, T, H * dph), then addmm with the projection.
+    proj = torch.nn.functional.linear(ctx.transpose(1, 2).reshape(b, t, embed_dim),
+                                      proj_weight, proj_bias)
+    if need_weights:
+        w = qkt.sum(1) / num_head if average_attn_weights else qkt
+        return proj, w
+    return proj, None
+
+
+def _patch_native_mha(undo: list[Callable[[], None]], cc: tuple[int, int]) -> None:
+    import torch.nn.modules.activation as activation
+
+    check, native = activation._check_arg_device, torch._native_multi_head_attention
+
+    def meta_is_cuda(x: Tensor | None) -> bool:
+        return x is None or x.device.type == "meta" or check(x)
+
+    def mha(query: Tensor, *args: Any, **kwargs: Any) -> Any:
+        if query.device.type != "meta":
+            return native(query, *args, **kwargs)
+        return _native_mha_cuda(cc, query, *args, **kwargs)
+
+    overrides = torch.overrides.has_torch_function
+
+    def has_torch_function(args: Any) -> bool:
+        # The fast path's check, without this dry run's own TorchFunctionMode (_MetaForCuda),
+        # which a run on the GPU does not have: only a Tensor subclass with its own
+        # __torch_function__ counts (Parameter does not, as in has_torch_function's C++ check).
+        if not overrides(args):
+            return False
+        return any(isinstance(a, Tensor) and type(a) not in (Tensor, torch.nn.Parameter)
+                   and type(a).__torch_function__ is not Tensor.__torch_function__
+                   for a in args)
+
+    mha_cls = activation.MultiheadAttention
+    forward = mha_cls.forward
+
+    @functools.wraps(forward)
+    def mha_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        # The fast path's has_torch_function test is read off torch.overrides at call time;
+        # swapped for this call only, so nothing else sees it.
+        torch.overrides.has_torch_function = has_torch_function
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            torch.overrides.has_torch_function = overrides
+
+    activation._check_arg_device = meta_is_cuda
+    torch._native_multi_head_attention = mha
+    mha_cls.forward = mha_forward  # type: ignore[method-assign]
+
+    def restore() -> None:
+        activation._check_arg_device = check
+        torch._native_multi_head_attention = native
+        mha_cls.forward = forward  # type: ignore[method-assign]
+
+    undo.append(restore)
+
+
 # ---- entry point ------------------------------------------------------------------------------
 
 _disabled = threading.local()
@@ -468,8 +572,9 @@ def disabled() -> Iterator[None]:
         _disabled.on = old
 
 
-def install(undo: list[Callable[[], None]]) -> None:
-    """Install every rule; each adds the callable that removes it to `undo` (run in reverse)."""
+def install(undo: list[Callable[[], None]], cc: tuple[int, int] = (9, 0)) -> None:
+    """Install every rule for a GPU of compute capability `cc`; each adds the callable that
+    removes it to `undo` (run in reverse)."""
     if getattr(_disabled, "on", False):
         return
     lib = torch.library.Library("aten", "IMPL")
@@ -484,6 +589,7 @@ def install(undo: list[Callable[[], None]]) -> None:
     undo.append(meta_lib._destroy)
     _rnn_meta(meta_lib)
     _patch_autocast(undo)
+    _patch_native_mha(undo, cc)
     _install_device_mode(undo)
 
 

@@ -598,7 +598,9 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
         self._install_sdpa()
         from . import cuda_paths
 
-        cuda_paths.install(self._undo)  # cuDNN RNN, fused dropout, cuDNN batch norm, autocast
+        # cuDNN RNN, fused dropout, cuDNN batch norm, autocast, the MHA fast path
+        cc = tuple(self._gpu.compute_capability)
+        cuda_paths.install(self._undo, (cc[0], cc[1]))
 
         if self._nonzero == "assume_all":
             import torch.fx.experimental._config as fx_config

@@ -361,3 +361,74 @@ def test_disabled_keeps_the_meta_paths_for_non_cuda_comparisons() -> None:
     with trace(None, gpu=GPU) as t:  # and it switches back on
         F.dropout(_meta(8, 8), 0.5, training=True)
     assert "aten::native_dropout" in _names(t)
+
+
+# -- nn.MultiheadAttention's inference fast path (attention.cu native_multi_head_attention_cuda) --
+def _encoder(need_weights: bool = False) -> torch.nn.Module:
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.attn(x, x, x, need_weights=need_weights)[0]
+
+    return Block()
+
+
+def _bmm_inputs(t) -> list[tuple[int, ...]]:
+    return [tuple(op.tensors("inputs")[0].shape) for op in t.ops if op.name == "aten::bmm"]
+
+
+def test_eval_multihead_attention_takes_the_fused_fast_path_cuda_takes() -> None:
+    """In inference CUDA runs torch._native_multi_head_attention: one in-projection GEMM, the
+    fused SDPA kernel, the out-projection. Meta used to take the slow path, whose in-projection
+    of the transposed input is a bmm over the 32 tokens of 2-row GEMMs."""
+    m = _encoder().to("meta").eval().requires_grad_(False)
+    with torch.no_grad(), trace(m, gpu=GPU) as t:
+        m(_meta(2, 32, 64))
+    names = _names(t)
+    assert "aten::_scaled_dot_product_efficient_attention" in names  # fp32 on sm_90
+    assert _bmm_inputs(t) == []
+    assert names.count("aten::addmm") == 2
+    # In training the module takes the slow path on CUDA too.
+    m = _encoder().to("meta").train()
+    with trace(m, gpu=GPU) as tt:
+        m(_meta(2, 32, 64, grad=True)).sum().backward()
+    assert "aten::_scaled_dot_product_efficient_attention_backward" in _names(tt)
+    # Nothing stays patched after a trace.
+    assert torch.nn.MultiheadAttention.forward.__module__ == "torch.nn.modules.activation"
+
+
+def test_eval_multihead_attention_with_weights_runs_the_batched_gemm_path() -> None:
+    """need_weights (MultiheadAttention's default) keeps native MHA off SDPA: two bmms over
+    batch x heads, and the averaged weights as the second output."""
+    m = _encoder(need_weights=True).to("meta").eval().requires_grad_(False)
+    x = _meta(2, 32, 64)
+    with torch.no_grad(), trace(m, gpu=GPU) as t:
+        out = m.attn(x, x, x)
+    assert _bmm_inputs(t) == [(8, 32, 16), (8, 32, 32)]
+    assert out[0].shape == (2, 32, 64) and out[1].shape == (2, 32, 32)
+
+
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+def test_native_mha_mirror_matches_torchs_kernel(need_weights: bool, average: bool) -> None:
+    """The mirror computes what torch._native_multi_head_attention returns (on the CPU, real
+    values): exactly on its SDPA branch, the same shapes on the batched-GEMM one (whose costed
+    stand-ins skip the q scaling and the mask)."""
+    from blink.cuda_paths import _native_mha_cuda
+
+    torch.manual_seed(0)
+    m = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    x = torch.randn(2, 32, 64)
+    args = (64, 4, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, None,
+            need_weights, average)
+    with torch.no_grad():
+        want = torch._native_multi_head_attention(x, x, x, *args)
+        got = _native_mha_cuda((9, 0), x, x, x, *args)
+    assert got[0].shape == want[0].shape
+    if not need_weights:
+        assert got[1] is None
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    else:
+        assert got[1].shape == want[1].shape
