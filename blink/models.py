@@ -72,6 +72,14 @@ def _torchvision_entry(fn: str) -> ZooEntry:
     def build() -> torch.nn.Module:
         return torchvision.models.get_model(fn, weights=None)
 
+    builder = torchvision.models.get_model_builder(fn)
+    if builder.__module__ == "torchvision.models.vision_transformer":
+        # A VisionTransformer's positional embedding fixes its input side, and weights=None
+        # builds it at the builder's default, not at the DEFAULT weights' crop (vit_h_14's
+        # SWAG weights: 518).
+        with torch.device("meta"):
+            size = int(build().image_size)
+
     return ZooEntry(f"torchvision:{fn}", _family(fn), VIDEO if fn in video else VISION, build,
                     image_size=size)
 

@@ -74,6 +74,12 @@ def test_any_torchvision_model():
     assert _first_conv_input(t) == (1, 3, crop["crop_size"], crop["crop_size"])
     p = blink.predict("torchvision:squeezenet1_1", batch_size=2)
     assert p.model == "torchvision:squeezenet1_1" and p.time_ms > 0
+    # vit_h_14's DEFAULT weights (SWAG) crop at 518, but weights=None builds it for 224 inputs,
+    # which its positional embedding fixes
+    assert torchvision.models.get_model_weights("vit_h_14").DEFAULT.transforms.keywords[
+        "crop_size"] == 518
+    t = blink.trace_model("torchvision:vit_h_14", batch_size=1)
+    assert _first_conv_input(t) == (1, 3, 224, 224)
 
 
 def test_cli_predicts_config_file(tmp_path, capsys):
