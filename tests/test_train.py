@@ -360,6 +360,31 @@ def test_model_level_cache_and_held_out_family_fit():
     assert 0 < q < 3
 
 
+@pytest.mark.skipif(not CACHE.is_file(), reason="no data/derived timm cache")
+def test_rows_faster_than_the_traced_roofline_are_left_out_of_fits():
+    """A timm time below the traced program's roofline (at the board's top clock) timed another
+    program: split_consistent leaves it out, and the shipped card lists exactly those rows."""
+    from blink.hardware import get_gpu
+
+    rows = TC.load_cache(CACHE)
+    top = get_gpu("RTX3090").max_clock_ratio
+    r = next(r for r in rows if r["model"] == "resnet18")
+    fast = dict(r, measured_ms=r["roofline_ms"] / top * 0.99)
+    slow = dict(r, measured_ms=r["roofline_ms"] / top * 1.01)
+    assert ML.split_consistent([fast, slow, r]) == ([slow, r], [fast])
+    kept, excluded = ML.split_consistent(rows)
+    assert len(kept) + len(excluded) == len(rows) and len(kept) >= 0.9 * len(rows)
+    assert all(x["measured_ms"] * top < x["roofline_ms"] for x in excluded)
+    # NesT's 5-D attention runs torch >= 2.5's math SDPA, upcast to fp32: the 2.4 timing is
+    # faster than its fp32 bmm alone could be
+    assert {"nest_tiny", "nest_base"} <= {x["model"] for x in excluded}
+    card = json.loads((MODELS / "card.json").read_text())
+    listed = card["model_level"]["excluded"]["rows"]
+    assert sorted((x["model"], x["img_size"], x["batch"]) for x in listed) == sorted(
+        (x["model"], int(x["img_size"]), int(x["batch"])) for x in excluded)
+    assert card["model_level"]["rows"] == len(kept)
+
+
 def test_timm_cache_builder_skips_mismatched_params(tmp_path):
     """Two real rows rebuilt: one whose param count matches, one forced to mismatch."""
     first: dict[str, dict] = {}

@@ -18,7 +18,11 @@ import numpy as np
 from ..learned import CORRECTION_FEATURES, correction_features
 from .fit import CLIP, conformal_q, group_folds, xgb
 
-__all__ = ["BASELINE_FEATURES", "CORRECTION_FEATURES", "ModelTable", "fit_predict", "table"]
+__all__ = ["BASELINE_FEATURES", "CORRECTION_FEATURES", "TIMM_GPU", "ModelTable", "fit_predict",
+           "split_consistent", "table"]
+
+# The board every timm-rtx3090 row was measured on (shared/data/public/timm-rtx3090).
+TIMM_GPU = "RTX3090"
 
 BASELINE_FEATURES = ["log_params", "log_flops", "batch", "img_size"]
 
@@ -61,6 +65,28 @@ def _base(r: dict[str, Any]) -> dict[str, float]:
 
 def table(rows: list[dict[str, Any]]) -> ModelTable:
     return ModelTable(rows)
+
+
+def split_consistent(rows: list[dict[str, Any]], gpu: str = TIMM_GPU
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(kept, excluded): a row is excluded when its measured time is below the lower bound of
+    the program blink traced, the sum of its units' roofline times (each kernel at the board's
+    peak FLOP rate or DRAM bandwidth, nothing else) divided by the board's top clock ratio.
+
+    No kernel runs faster than its roofline, so such a measurement timed another program than
+    the trace: the timm times are torch 2.4 (inference) and 1.12 (training) runs, traced here
+    with the installed torch, and some paths changed between them (2.5's math SDPA upcasts
+    fp16 to fp32, which NesT's 5-D attention takes). Neither a correction nor a calibration
+    can learn from such a label, and an error on it says nothing about blink, so these rows
+    are left out of fitting and calibration and reported apart (blink evaluate)."""
+    from ..hardware import get_gpu
+
+    top = get_gpu(gpu).max_clock_ratio
+    kept: list[dict[str, Any]] = []
+    excluded: list[dict[str, Any]] = []
+    for r in rows:
+        (excluded if r["roofline_ms"] > r["measured_ms"] * top else kept).append(r)
+    return kept, excluded
 
 
 def _fit(X: np.ndarray, y: np.ndarray, names: list[str]) -> Any:

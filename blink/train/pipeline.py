@@ -208,7 +208,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     conformal_model: dict[str, Any] = {}
     cache_info: dict[str, Any] | None = None
     if cache.is_file():
-        mt = ml.table(load_cache(cache))
+        kept, excluded = ml.split_consistent(load_cache(cache))
+        mt = ml.table(kept)
         allrows = np.ones(len(mt), dtype=bool)
         booster = ml.fit_correction(mt)
         booster.save_model(str(out_dir / "forest_model.json"))
@@ -237,12 +238,15 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
             "applies_to": {"gpus": ["RTX3090"], "dtype": "amp-fp16", "mode": "inference",
                            "models": "timm image classifiers"},
             "params": _params(ml.MODEL_PARAMS, ml.MODEL_ROUNDS),
-            "rows": len(mt),
+            "rows": len(mt), "excluded": _excluded(excluded),
             "metrics": {"split": "5 folds of held-out timm families",
                         "analytic": _m(metrics(mt.analytic_ms, mt.measured_ms, q_ana)),
                         "correction": _m(metrics(p_corr, mt.measured_ms, q_corr))},
         }
         cache_info = _cache_info(cache)
+        if excluded:
+            say(f"model level: {len(excluded)} timm rows excluded (measured below the traced "
+                "program's roofline: " + ", ".join(sorted({r['model'] for r in excluded})) + ")")
         say(f"model level: {len(mt)} timm models, held-out-family MAPE analytic "
             f"{model_card['metrics']['analytic']['mape']:.1f}% -> correction "
             f"{model_card['metrics']['correction']['mape']:.1f}%")
@@ -253,8 +257,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     # The end-to-end GNN, on the graphs of the same timm models.
     gnn_card: dict[str, Any] | None = None
     if model_card is not None:
-        gnn_card = _train_gnn(out_dir, graphs, forests, ml.table(load_cache(cache)),
-                              conformal_model, say, p_corr)
+        gnn_card = _train_gnn(out_dir, graphs, forests, mt, conformal_model, say, p_corr)
 
     # The training-step correction, on the timm training file's steps.
     train_card, conformal_train = _train_steps(out_dir, train_cache, say)
@@ -351,6 +354,17 @@ def _cache_info(cache: Path) -> dict[str, Any]:
             "provenance": json.loads(prov.read_text()) if prov.is_file() else None}
 
 
+def _excluded(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The card's record of the timm rows left out by model_level.split_consistent."""
+    return {"rule": "measured_ms x the board's top clock ratio < sum of the traced units' "
+                    "roofline_ms: the measurement ran another program than the trace "
+                    "(blink.train.model_level.split_consistent)",
+            "rows": [{"model": r["model"], "img_size": int(r["img_size"]),
+                      "batch": int(r["batch"]),
+                      "roofline_over_measured": _r(r["roofline_ms"] / r["measured_ms"], 3)}
+                     for r in rows]}
+
+
 def _train_steps(out_dir: Path, cache: Path,
                  say: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The training-step correction (forest_model_train.json) on the timm training file's
@@ -361,7 +375,8 @@ def _train_steps(out_dir: Path, cache: Path,
         say(f"{cache}: no timm training-step cache, training-step correction skipped "
             "(python -m blink.train.timm_cache --mode train creates it)")
         return None, {}
-    mt = ml.table(load_cache(cache, mode="train"))
+    kept, excluded = ml.split_consistent(load_cache(cache, mode="train"))
+    mt = ml.table(kept)
     allrows = np.ones(len(mt), dtype=bool)
     p_corr = ml.oof(mt, "correction", allrows)
     q_corr = conformal_q(np.abs(np.log(mt.measured_ms / p_corr)), COVERAGE)
@@ -377,7 +392,7 @@ def _train_steps(out_dir: Path, cache: Path,
                        "models": "timm image classifiers (zero_grad, forward + cross entropy "
                                  "under AMP, backward, SGD with momentum)"},
         "params": _params(ml.MODEL_PARAMS, ml.MODEL_ROUNDS), "rows": len(mt),
-        "timm_cache": _cache_info(cache),
+        "excluded": _excluded(excluded), "timm_cache": _cache_info(cache),
         "metrics": {"split": "5 folds of held-out timm families",
                     "roofline": _m(metrics(mt.roofline_ms, mt.measured_ms)),
                     "analytic": _m(m_ana), "correction": _m(m_corr)},
