@@ -55,7 +55,7 @@ def held_out_correction() -> dict[str, float]:
     cache = default_cache_path("train")
     if not cache.is_file():
         return {}
-    t = ml.table(ml.split_consistent(load_cache(cache, mode="train"))[0])
+    t = ml.consistent_table(load_cache(cache, mode="train"))[0]
     p = ml.oof(t, "correction", np.ones(len(t), dtype=bool))
     return dict(zip(t.model.tolist(), p.tolist(), strict=True))
 

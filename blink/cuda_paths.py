@@ -470,7 +470,7 @@ def _native_mha_cuda(cc: tuple[int, int], query: Tensor, key: Tensor, value: Ten
     GPU of compute capability `cc` (query: (B, T, D))."""
     from . import sdpa as _sdpa
 
-    b, t, d = query.shape
+    b, t = query.shape[0], query.shape[1]
     dph = embed_dim // num_head
     if query is key and key is value and not need_weights and mask is None:
         # Its SDPA branch: taken where select_sdp_backend, asked about views of the input,

@@ -544,7 +544,7 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
     if tcache.is_file():
         # Whole training steps: no unit graphs, so roofline, analytic and the model-level
         # predictors only (the training-step correction is what predict ships for them).
-        tt = ml.table(ml.split_consistent(load_cache(tcache, mode="train"))[0])
+        tt = ml.consistent_table(load_cache(tcache, mode="train"))[0]
         tres = model_folds(tt, coverage)
         tpred = ("roofline", "analytic", "baseline", "correction")
         t_rows = [("all held-out families", len(tt),

@@ -17,12 +17,10 @@ import numpy as np
 
 from ..learned import CORRECTION_FEATURES, correction_features
 from .fit import CLIP, conformal_q, group_folds, xgb
+from .timm_cache import GPU as TIMM_GPU
 
-__all__ = ["BASELINE_FEATURES", "CORRECTION_FEATURES", "TIMM_GPU", "ModelTable", "fit_predict",
-           "split_consistent", "table"]
-
-# The board every timm-rtx3090 row was measured on (shared/data/public/timm-rtx3090).
-TIMM_GPU = "RTX3090"
+__all__ = ["BASELINE_FEATURES", "CORRECTION_FEATURES", "ModelTable", "consistent_table",
+           "fit_predict", "split_consistent", "table"]
 
 BASELINE_FEATURES = ["log_params", "log_flops", "batch", "img_size"]
 
@@ -87,6 +85,12 @@ def split_consistent(rows: list[dict[str, Any]], gpu: str = TIMM_GPU
     for r in rows:
         (excluded if r["roofline_ms"] > r["measured_ms"] * top else kept).append(r)
     return kept, excluded
+
+
+def consistent_table(rows: list[dict[str, Any]]) -> tuple[ModelTable, list[dict[str, Any]]]:
+    """The table of the rows split_consistent keeps, and the rows it leaves out."""
+    kept, excluded = split_consistent(rows)
+    return ModelTable(kept), excluded
 
 
 def _fit(X: np.ndarray, y: np.ndarray, names: list[str]) -> Any:

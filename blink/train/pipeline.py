@@ -208,8 +208,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     conformal_model: dict[str, Any] = {}
     cache_info: dict[str, Any] | None = None
     if cache.is_file():
-        kept, excluded = ml.split_consistent(load_cache(cache))
-        mt = ml.table(kept)
+        mt, excluded = ml.consistent_table(load_cache(cache))
         allrows = np.ones(len(mt), dtype=bool)
         booster = ml.fit_correction(mt)
         booster.save_model(str(out_dir / "forest_model.json"))
@@ -375,8 +374,7 @@ def _train_steps(out_dir: Path, cache: Path,
         say(f"{cache}: no timm training-step cache, training-step correction skipped "
             "(python -m blink.train.timm_cache --mode train creates it)")
         return None, {}
-    kept, excluded = ml.split_consistent(load_cache(cache, mode="train"))
-    mt = ml.table(kept)
+    mt, excluded = ml.consistent_table(load_cache(cache, mode="train"))
     allrows = np.ones(len(mt), dtype=bool)
     p_corr = ml.oof(mt, "correction", allrows)
     q_corr = conformal_q(np.abs(np.log(mt.measured_ms / p_corr)), COVERAGE)
