@@ -91,13 +91,35 @@ def test_grouped_conv_never_slower_than_dense(gpu, dt, groups):
 
 
 def test_narrow_stem_is_padded_on_tensor_cores():
-    # cuDNN pads C_in = 3 to the MMA's 8 channels: the same GEMM as a C_in = 8 stem, so the
-    # same compute, with tensor-core math (not CUDA cores).
+    # An RGB stem (C_in = 3) runs cuDNN's few-channel kernels, C_in padded to 4 (not to the
+    # MMA's 8): the same GEMM as a C_in = 4 stem, with tensor-core math (not CUDA cores), and
+    # cheaper than a C_in = 8 one.
     c3 = conv(64, 3, 224, 224, 64, 7, stride=2, dt=F16, cl=True)
+    c4 = conv(64, 4, 224, 224, 64, 7, stride=2, dt=F16, cl=True)
     c8 = conv(64, 8, 224, 224, 64, 7, stride=2, dt=F16, cl=True)
-    assert c3["math_mode"] == c8["math_mode"] == "fp16_tc"
-    assert c3["kernel_compute_s"] == pytest.approx(c8["kernel_compute_s"], rel=1e-9)
+    assert c3["math_mode"] == c4["math_mode"] == c8["math_mode"] == "fp16_tc"
+    assert c3["kernel_compute_s"] == pytest.approx(c4["kernel_compute_s"], rel=1e-9)
+    assert c3["kernel_compute_s"] < 0.75 * c8["kernel_compute_s"]
     assert c3["flops"] * 8 == c8["flops"] * 3
+    # C_in = 5 is past the few-channel kernels: padded to 8 like any other
+    c5 = conv(64, 5, 224, 224, 64, 7, stride=2, dt=F16, cl=True)
+    assert c5["kernel_compute_s"] == pytest.approx(c8["kernel_compute_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("gpu", ["RTX3090", "A100-40GB", "H100-SXM"])
+def test_narrow_output_channels_run_a_narrow_tile(gpu):
+    # cuDNN's tensor-core convolutions have 32-wide tiles: 16 and 32 output channels pay a
+    # 32-wide tile, not a 64-wide one of zeros, so they cost the same as each other and well
+    # under the 64-channel layer (which runs at most 2x the 32-wide work, on a larger tile).
+    n, c, h = 256, 64, 112
+    k16, k32, k64 = (conv(n, c, h, h, k, 3, dt=F16, cl=True, gpu=gpu) for k in (16, 32, 64))
+    assert k16["tile_n"] == k32["tile_n"] == 32
+    assert k64["tile_n"] >= 64
+    assert k16["kernel_compute_s"] == pytest.approx(k32["kernel_compute_s"], rel=1e-9)
+    assert k32["kernel_compute_s"] < 0.75 * k64["kernel_compute_s"]
+    # cuBLAS GEMMs keep their own tile list: a 16-column fp16 GEMM still pays a 64-wide tile
+    g = mm(n * h * h, c * 9, 16, dt=F16, gpu=gpu)
+    assert g["tile_n"] >= 64
 
 
 def test_nchw_half_conv_pays_layout_transposes():
@@ -271,8 +293,8 @@ def test_fp32_gemm_plans_use_the_kernels_cublas_ran():
         total: Counter[str] = Counter()
         for r in rows:
             f = dp.predict(r)
-            if min(f["m"], f["n"]) <= 8 and family == "linear":
-                continue  # the GEMV path: not an sgemm tile
+            # nn.Linear's bias epilogue (cublasLt) has no GEMV kernel: even 1-8 output features
+            # or rows run an sgemm tile, which the plan must name too.
             plan = (int(f["tile_m"]), int(f["tile_n"]))
             total[r.gpu] += 1
             hits[r.gpu] += plan == _cublas_tile(r.kernel)
@@ -282,6 +304,25 @@ def test_fp32_gemm_plans_use_the_kernels_cublas_ran():
             assert inside[gpu] / n >= 0.99, (family, gpu, inside[gpu], n)
             if family == "bmm" and get_gpu(gpu).name in ("A100-PCIe-40GB", "P100", "P4"):
                 assert hits[gpu] / n >= 0.95, (gpu, hits[gpu], n)
+
+
+def test_linear_with_a_bias_has_no_gemv_path():
+    # aten::linear with a 1-D bias is addmm through cublasLt's bias epilogue, which runs tiled
+    # kernels (NeuSight's Kernels column: *_sgemm_* + splitKreduce_kernel, never gemv) even for
+    # 4 output features; a bias-free mm of the same shape runs cuBLAS's GEMV, bound by reading
+    # the input once. A single output feature is not cublasLt's (mat2 needs > 1 column).
+    m, k = 8192, 4096
+    x, w = tensor((m, k), F32, -1), tensor((k, 4), F32, -2)
+    lt = unit_features("aten::addmm", [tensor((4,), F32, -3), x, w], [tensor((m, 4), F32, 1)],
+                       "A100-40GB")
+    plain = mm(m, k, 4)
+    assert plain["tile_n"] <= 8 and lt["tile_n"] >= 32
+    assert lt["kernel_compute_s"] > 2 * plain["kernel_compute_s"]
+    one = unit_features("aten::addmm", [tensor((1,), F32, -3), x, tensor((k, 1), F32, -2)],
+                        [tensor((m, 1), F32, 1)], "A100-40GB")
+    assert one["tile_n"] == 1
+    # the GEMV's floor: it must read the (m, k) input at least once
+    assert plain["analytic_time_s"] >= m * k * 4 / bw("A100-40GB")
 
 
 def test_fp32_batched_gemms_with_a_small_side_match_neusight():

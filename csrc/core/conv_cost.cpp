@@ -65,13 +65,25 @@ GemmProblem implicit_gemm(const Geometry& s, Pass pass, MathMode mode, int dtype
     align = mode == MathMode::kTf32 ? static_cast<double>(kTcChannelAlignTf32)
                                     : static_cast<double>(kTcChannelAlign16);
   }
-  const double cp = round_up(cg, align), kp = round_up(kg, align);
+  // The forward pass of a stem of at most kTcFewChannels input channels (RGB: 3) runs cuDNN's
+  // few-channel kernels (CUTLASS's kFixedChannels / kFewChannels fprop iterators: the filter
+  // window is gathered as one K dimension of C x R x S), so C_in is padded to 4, not to the
+  // MMA's 8; its weight gradient has no such kernel and keeps the padding. (Blink costs the
+  // cuDNN 9 that torch 2.11+ ships: DeepBench's fp16 tensor-core rows with C_in = 1 or 3, timed
+  // with cuDNN 7.6, ran ~3x slower than even the plan padded to 8: that cuDNN had no
+  // few-channel kernels.)
+  const bool fprop = pass == kFwd && !f.transposed;
+  const double c_align = (fprop && align > 1.0 && cg <= static_cast<double>(kTcFewChannels))
+                             ? static_cast<double>(kTcFewChannels)
+                             : align;
+  const double cp = round_up(cg, c_align), kp = round_up(kg, align);
   GemmProblem p;
   p.mode = mode;
   p.dtype = dtype;
   p.batch = s.g;
   p.efficiency_scale = kConvVsGemmEfficiency;
   p.gemv_max_dim = kConvGemvMaxDim;
+  p.conv_fprop = fprop;
   // K of the GEMM from the pass's FLOPs (exact for a convolution; a transposed convolution
   // spreads its input over its output), then the padding of its channel factor.
   if (pass == kFwd && !f.transposed) {
@@ -164,7 +176,7 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
                               f.dil_w == 1 && f.groups == 1 && !f.transposed;
   MathMode mode = f.math_mode;
   // Narrow groups cannot fill an MMA: CUDA cores. (An ungrouped narrow stem, C_in = 3, is
-  // padded to the MMA granularity instead: implicit_gemm above.)
+  // padded instead, to kTcFewChannels: implicit_gemm above.)
   if (tensor_core_mode(mode) && f.groups > 1 &&
       (s.c / s.g < kMinTensorCoreChannels || s.k / s.g < kMinTensorCoreChannels)) {
     mode = MathMode::kFp32Simt;

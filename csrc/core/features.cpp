@@ -305,8 +305,11 @@ Tiling f_gemm(const Ctx& c, const Rule& r, UnitFeatures& f) {
   if (c.op == "aten::_addmm_activation") {
     f.cublaslt_epilogue = true;
   } else if (c.op == "aten::addmm") {
+    // addmm_out_cuda_impl (aten/src/ATen/native/cuda/Blas.cpp) takes cublasLt's bias epilogue
+    // (gemm_and_bias) for a 1-D bias only when mat2 has more than one row and column: cublasLt's
+    // heuristic rejects a single-row or single-column operand.
     const TensorInfo* bias = tensor_at(c.in, 0);
-    f.cublaslt_epilogue = bias != nullptr && bias->sizes.size() == 1;
+    f.cublaslt_epilogue = bias != nullptr && bias->sizes.size() == 1 && n > 1 && k > 1;
   }
   f.flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) *
             static_cast<double>(k);

