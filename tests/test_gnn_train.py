@@ -135,6 +135,33 @@ def test_gnn_training_is_deterministic_and_learns(graph_set, table, tmp_path):
 
 
 @needs_graphs
+def test_targets_outside_the_clip_are_left_out_of_the_fit(graph_set, table):
+    """A graph whose measured time the network's clipped output cannot reach (|log ratio| > 1)
+    changes nothing in the fit; the same graph with a reachable target does."""
+    clip = gnn_fit.GNN_PARAMS["clip"]
+    assert gnn_fit.in_clip(np.array([-1.5, clip[0], 0.0, clip[1], 1.2, math.nan])).tolist() == [
+        False, True, True, True, False, False]
+    gi = gnn_fit.align(graph_set, table.model, table.batch, table.img_size)
+    y = gnn_fit.targets(graph_set, "trees", gi, table.measured_ms)
+    train = np.zeros(len(graph_set), dtype=bool)
+    train[:40] = True
+    train &= gnn_fit.in_clip(y)
+    j = 40
+    p = {"epochs": 3, "graphs_per_step": 16, "members": 1}
+    base = gnn_fit.fit_gnn(graph_set, "trees", y, train, p).state_dict()
+    with_j = train.copy()
+    with_j[j] = True
+    for target, same in ((3.0, True), (-2.0, True), (0.5, False)):
+        y2 = y.copy()
+        y2[j] = target
+        st = gnn_fit.fit_gnn(graph_set, "trees", y2, with_j, p).state_dict()
+        equal = all(torch.equal(v, st[k]) for k, v in base.items())
+        assert equal == same, (target, equal)
+    with pytest.raises(ValueError, match="output clip"):
+        gnn_fit.fit_gnn(graph_set, "trees", np.full(len(graph_set), 4.0), train, p)
+
+
+@needs_graphs
 def test_end_to_end_interval_covers_held_out_families(graph_set, table):
     """Split conformal over whole timm families: q from four folds' residuals of the forests'
     timeline covers the fifth fold's models within 3 points of 90%."""

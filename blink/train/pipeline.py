@@ -471,6 +471,7 @@ def _train_gnn(out_dir: Path, graphs: Path, forests: dict[str, Any], mt: ml.Mode
         "variant": "trees", "graphs": {"path": _rel(graphs, repo_root()),
                                        "sha256": sha256_file(graphs)},
         "rows": int(ok.sum()), "params": dict(GNN_PARAMS),
+        "left_out_of_fit": _outside_clip(gs, gi, meas, mt),
         "applies_to": {"gpus": ["RTX3090"], "modes": ["inference"], "dtype": "amp-fp16",
                        "models": "timm image classifiers"},
         "metrics": {"split": "5 folds of held-out timm families",
@@ -494,6 +495,22 @@ def _train_gnn(out_dir: Path, graphs: Path, forests: dict[str, Any], mt: ml.Mode
     if p_corr is not None:
         _blend(card, by, pred, p_corr, meas, ok & np.isfinite(p_corr), folds, m_gnn, say)
     return card
+
+
+def _outside_clip(gs: Any, gi: np.ndarray, meas: np.ndarray,
+                  mt: ml.ModelTable) -> dict[str, Any]:
+    """The timm rows no GNN fit uses (gnn_fit.in_clip): their log(measured / forests'
+    timeline) lies outside the network's output clip. They stay in every metric and interval."""
+    from .gnn_fit import GNN_PARAMS, in_clip
+
+    have = gi >= 0
+    ratio = np.full(gi.size, math.nan)
+    ratio[have] = meas[have] / gs.end_to_end_ms("trees")[gi[have]]
+    out = have & ~in_clip(np.log(ratio))
+    return {"rule": f"log(measured / forests' timeline) outside the output clip "
+                    f"{GNN_PARAMS['clip']}: left out of the fit, kept in metrics and intervals",
+            "models": [f"{m} (batch {int(b)}, measured x{float(r):.2f})" for m, b, r in
+                       zip(mt.model[out], mt.batch[out], ratio[out], strict=True)]}
 
 
 def _blend(card: dict[str, Any], by: dict[str, Any], p_gnn: np.ndarray, p_corr: np.ndarray,
