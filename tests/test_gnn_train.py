@@ -274,6 +274,29 @@ def test_model_level_features_are_the_training_tables():
         assert got[k] == pytest.approx(want[k], rel=1e-4, nan_ok=True), k
 
 
+@needs_graphs
+def test_model_level_correction_leaves_out_rows_beyond_its_bound(table):
+    """A row measured more than e-fold off the analytic time changes nothing in the model-level
+    correction's fit, however far off it is; the same row within the bound does."""
+    ok = ML.fit_rows(table)
+    assert ok.any() and not ok.all()  # the EfficientFormerV2 rows of the public set
+    y = np.log(table.measured_ms / table.analytic_ms)
+    assert (np.abs(y[~ok]) > ML.FIT_LOG_BOUND).all() and (np.abs(y[ok]) <= ML.FIT_LOG_BOUND).all()
+    fam = table.family == table.family[0]
+    train, test = ~fam, fam
+
+    def predict(factor: float, row: int) -> np.ndarray:
+        t = ML.table(table.rows)
+        t.measured_ms = t.measured_ms.copy()
+        t.measured_ms[row] = t.analytic_ms[row] * factor
+        return ML.fit_predict(t, "correction", train, test)
+
+    j = int(np.flatnonzero(train & ok)[0])
+    base = predict(math.exp(y[j]), j)
+    assert np.array_equal(predict(math.exp(2.0), j), predict(math.exp(1.5), j))
+    assert not np.array_equal(predict(math.exp(0.5), j), base)
+
+
 def blink_predict_analytic(t):
     import blink
 

@@ -238,6 +238,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
                            "models": "timm image classifiers"},
             "params": _params(ml.MODEL_PARAMS, ml.MODEL_ROUNDS),
             "rows": len(mt), "excluded": _excluded(excluded),
+            "left_out_of_fit": _beyond_bound(mt),
             "metrics": {"split": "5 folds of held-out timm families",
                         "analytic": _m(metrics(mt.analytic_ms, mt.measured_ms, q_ana)),
                         "correction": _m(metrics(p_corr, mt.measured_ms, q_corr))},
@@ -364,6 +365,16 @@ def _excluded(rows: list[dict[str, Any]]) -> dict[str, Any]:
                      for r in rows]}
 
 
+def _beyond_bound(mt: ml.ModelTable) -> dict[str, Any]:
+    """The rows ml.fit_rows leaves out of a model-level correction's fit."""
+    out = ~ml.fit_rows(mt)
+    ratio = mt.measured_ms / mt.analytic_ms
+    return {"rule": f"|log(measured / analytic)| > {ml.FIT_LOG_BOUND:g}: left out of the fit, "
+                    "kept in metrics and intervals",
+            "models": [f"{m} (batch {int(b)}, measured x{float(r):.2f})" for m, b, r in
+                       zip(mt.model[out], mt.batch[out], ratio[out], strict=True)]}
+
+
 def _train_steps(out_dir: Path, cache: Path,
                  say: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The training-step correction (forest_model_train.json) on the timm training file's
@@ -390,7 +401,8 @@ def _train_steps(out_dir: Path, cache: Path,
                        "models": "timm image classifiers (zero_grad, forward + cross entropy "
                                  "under AMP, backward, SGD with momentum)"},
         "params": _params(ml.MODEL_PARAMS, ml.MODEL_ROUNDS), "rows": len(mt),
-        "excluded": _excluded(excluded), "timm_cache": _cache_info(cache),
+        "excluded": _excluded(excluded), "left_out_of_fit": _beyond_bound(mt),
+        "timm_cache": _cache_info(cache),
         "metrics": {"split": "5 folds of held-out timm families",
                     "roofline": _m(metrics(mt.roofline_ms, mt.measured_ms)),
                     "analytic": _m(m_ana), "correction": _m(m_corr)},
