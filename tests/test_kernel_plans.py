@@ -424,6 +424,29 @@ def test_layer_norm_reads_its_input_twice():
     assert f["analytic_time_s"] >= 3 * x / bw("A100-40GB")
 
 
+def test_layer_norm_over_short_rows_is_bound_by_one_cta_per_row():
+    # layer_norm_kernel.cu launches a 128-thread CTA per row: 4M rows of 24 channels (an
+    # EdgeNeXt stage-0 channel norm at batch 1024) run in waves of the CTAs an SM holds, each
+    # waiting at least a DRAM round trip (>= 0.5 us) for its row, far beyond the DRAM time.
+    rows, h, gpu = 1 << 22, 24, "RTX 3090"
+    g = get_gpu(gpu)
+    f = _ln(rows, h, gpu)
+    assert f["tiles"] == rows
+    assert g.compute_capability == (8, 6)
+    per_sm = 1536 // 128  # sm_86 holds 1536 threads (16 CTAs) per SM: 12 such CTAs
+    waves = math.ceil(rows / (g.sm_count * per_sm))
+    assert f["analytic_time_s"] >= waves * 0.5e-6
+    x = rows * h * 4
+    assert waves * 0.5e-6 > 3 * x / bw(gpu)  # the bound, not the bytes, decides here
+    # The same bytes in long rows stream at DRAM speed; softmax's persistent kernel packs
+    # short rows into warps and is not held back either.
+    long = _ln(rows * h // 4096, 4096, gpu)
+    assert f["analytic_time_s"] > 2 * long["analytic_time_s"]
+    assert f["analytic_time_s"] > 2 * _softmax(rows, h, gpu)["analytic_time_s"]
+    # Rows that cannot be vectorised (N % 4 != 0) run two CTA-per-row kernels.
+    assert _ln(rows, 25, gpu)["analytic_time_s"] > 1.5 * f["analytic_time_s"]
+
+
 def test_softmax_passes_follow_the_kernel_choice():
     short = _softmax(65536, 1024)   # persistent warp softmax: row in registers, one pass
     long = _softmax(16384, 4096)    # block softmax: max and sum passes, then the write

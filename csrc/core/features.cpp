@@ -7,6 +7,7 @@
 // ones included, in order.
 #include "blink/features.h"
 #include "blink/kernel_plan.h"
+#include "blink/roofline.h"
 
 #include <algorithm>
 #include <cmath>
@@ -543,6 +544,13 @@ Tiling f_norm(const Ctx& c, const Rule& r, UnitFeatures& f) {
     for (int64_t s : shape) inner *= s;
     f.inner = inner;
     f.outer = inner > 0 ? total / inner : 0;
+    // layer_norm_kernel.cu launches one CTA per row (grid = M rows): the forward's
+    // vectorized_layer_norm_kernel (N % 4 == 0, aligned) and the backward's grad-input kernels
+    // with num_threads() = 128; an unvectorised forward runs RowwiseMomentsCUDAKernel (512
+    // threads) then LayerNormForwardCUDAKernel (256), a CTA per row each. _fused_rms_norm
+    // shares these launches.
+    const bool bwd = c.op.find("backward") != std::string::npos;
+    f.row_cta_threads = bwd || inner % 4 == 0 ? 128 : 512;
   } else if (r.p0 == 1) {
     if (x.sizes.size() < 2) fail(c, "batch norm needs an (N, C, ...) input");
     f.outer = x.sizes[1];
@@ -1703,6 +1711,17 @@ double apply_tiling(const Tiling& t, const GpuSpec& g, const FeatureOptions& o, 
       f.tiles = ceil_div(f.outer, cta / per_row);
       f.parallelism = static_cast<double>(f.outer) * static_cast<double>(per_row);
       f.blocks_per_sm = occupancy(g, cta);
+      if (f.row_cta_threads > 0) {
+        // A CTA per row (f_norm): waves of resident CTAs, each living kRowCtaLifetimeS.
+        auto waves_of = [&](int64_t threads) {
+          return static_cast<double>(
+              ceil_div(f.outer, static_cast<int64_t>(g.sm_count) * occupancy(g, threads)));
+        };
+        f.row_cta_bound_s = waves_of(f.row_cta_threads) * kRowCtaLifetimeS;
+        if (f.row_cta_threads == 512) f.row_cta_bound_s += waves_of(256) * kRowCtaLifetimeS;
+        f.tiles = f.outer;
+        f.blocks_per_sm = occupancy(g, f.row_cta_threads);
+      }
       break;
     }
     case Tiling::kMultiTensor:

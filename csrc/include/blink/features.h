@@ -161,6 +161,12 @@ struct UnitFeatures {
   // Memory-bound kernels that read their input more than once (layer norm's statistics then
   // normalise, block softmax's max / sum / write passes): input passes over DRAM, 1 = once.
   double input_passes = 1.0;
+  // Kernels that launch one CTA per row (layer / RMS norm, layer_norm_kernel.cu): the threads of
+  // that CTA (0: not such a kernel; 512: the unvectorised forward, RowwiseMomentsCUDAKernel then
+  // a 256-thread LayerNormForwardCUDAKernel), and the time bound their CTA waves set on the
+  // target GPU (apply_tiling; kRowCtaLifetimeS). Not forest inputs.
+  int64_t row_cta_threads = 0;
+  double row_cta_bound_s = 0.0;
   // Input bytes a steady-state run finds in L2 (written by the units just before and not yet
   // evicted), set by the cost stage over a whole trace (cost_model.cpp), 0 for a lone unit.
   double l2_hit_bytes = 0.0;

@@ -25,6 +25,13 @@ inline constexpr double kDramLatencyS = 1.0e-6;
 // L2 serves reads ~3x faster than DRAM on NVIDIA data-centre GPUs (A100: ~5 vs 1.6-2 TB/s;
 // H100: ~10 vs 3.35 TB/s): an input still resident in L2 costs a third of a DRAM read.
 inline constexpr double kL2VsDramBandwidth = 3.0;
+// Lifetime of a CTA that owns one row (layer / RMS norm's kernels in layer_norm_kernel.cu launch
+// grid = rows): a DRAM round trip for the row, the block's Welford reduction, then an L2 round
+// trip for gamma / beta and the row's second pass. Such a kernel takes at least its waves of
+// resident CTAs times this lifetime, which outlasts the DRAM time when rows are short (the
+// channels-last norms of ConvNeXt / EdgeNeXt-style blocks: 24-96 channels over millions of
+// pixels). Not fitted: built from kDramLatencyS and kL2VsDramBandwidth.
+inline constexpr double kRowCtaLifetimeS = kDramLatencyS * (1.0 + 1.0 / kL2VsDramBandwidth);
 // Share of L2 a steady-state working set may use and still be found there by the next unit
 // (the rest holds weights, other streams' lines, and set conflicts evict early).
 inline constexpr double kL2ResidentFraction = 0.5;
