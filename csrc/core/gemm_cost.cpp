@@ -282,6 +282,15 @@ void plan_gemm_unit(UnitFeatures& f, const GpuSpec& g) {
     compute *= peak_flops_for(MathMode::kFp32Simt, 6, g) /
                std::max(1.0, peak_flops_for(MathMode::kOther, f.dtype, g));
   }
+  if (!plan.gemv && g.cc_major < 9) {
+    // A tiled kernel moves its operands and output at kGemmDramEfficiency of DRAM at best; that
+    // part of its time follows the memory clock (analytic_time_s).
+    const double dram = (f.bytes_read + f.bytes_written) / (g.mem_bw * kGemmDramEfficiency);
+    if (dram > compute) {
+      compute = dram;
+      f.kernel_dram_bound_s = dram;
+    }
+  }
   f.kernel_compute_s = compute;
   set_launch_shape(f, plan);
   f.aux_bytes += plan.aux_bytes;

@@ -432,6 +432,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Cost constants the power-rule fits read back (benchmarks/sustained_logo.py), so no script
   // keeps a copy that can go stale.
   m.attr("kSimtGemmBaseEfficiency") = kSimtGemmBaseEfficiency;
+  m.attr("kGemmDramEfficiency") = kGemmDramEfficiency;
   m.attr("kConvSimtPowerFraction") = kConvSimtPowerFraction;
   // blink::Error arrives in Python as blink._C.Error, a subclass of blink.errors.BlinkError.
   py::object base = py::module_::import("blink.errors").attr("BlinkError");

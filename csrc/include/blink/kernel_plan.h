@@ -38,6 +38,16 @@ inline constexpr double kSimtGemmBaseEfficiency = 0.88;
 // per tile shape and GPU (the "small-K regime"), so it differs per architecture and math mode.
 inline constexpr double kCtaPrologueClocks = 700.0;
 inline constexpr double kEpilogueBytesPerClock = 64.0;
+// Fraction of DRAM bandwidth a tiled cuBLAS GEMM kernel reaches where its bytes, not its math,
+// bound it (a short K loop: each CTA loads its operand tiles, then stores its output tile in the
+// epilogue, the two not overlapped, with 1-4 CTAs per SM to hide them): well below a copy
+// kernel's kDramEfficiency. Fitted on the public FP32 GEMM rows (NeuSight bmm + linear, DeepBench
+// GEMMs; benchmarks/gemm_dram_logo.py), one GPU chip held out at a time: the other chips choose
+// 0.55-0.6 for every held-out one (NeuSight's batched SGEMMs with K <= 32 reach 48-63% of DRAM
+// bandwidth on all five of its GPUs), held-out GEMM MAPE 19.7 -> 18.9%. Tiled plans before
+// sm_90 only: Hopper's cuBLAS runs persistent warp-specialised kernels whose epilogue overlaps
+// the next tile's loads, and no public rows measure them; GEMV kernels stream like copies.
+inline constexpr double kGemmDramEfficiency = 0.6;
 // cuBLAS splits K only while each split keeps at least this much K (fewer steps than the
 // pipeline depth would not amortise the prologue), and at most 16 ways.
 inline constexpr double kSplitKMinK = 128.0;
