@@ -41,10 +41,11 @@ inline constexpr double kEpilogueBytesPerClock = 64.0;
 // Fraction of DRAM bandwidth a tiled cuBLAS GEMM kernel reaches where its bytes, not its math,
 // bound it (a short K loop: each CTA loads its operand tiles, then stores its output tile in the
 // epilogue, the two not overlapped, with 1-4 CTAs per SM to hide them): well below a copy
-// kernel's kDramEfficiency. Fitted on the public FP32 GEMM rows (NeuSight bmm + linear, DeepBench
-// GEMMs; benchmarks/gemm_dram_logo.py), one GPU chip held out at a time: the other chips choose
-// 0.55-0.6 for every held-out one (NeuSight's batched SGEMMs with K <= 32 reach 48-63% of DRAM
-// bandwidth on all five of its GPUs), held-out GEMM MAPE 19.7 -> 18.9%. Tiled plans before
+// kernel's kDramEfficiency. Fitted on the public GEMM rows (NeuSight FP32 bmm + linear, DeepBench
+// GEMMs), one GPU chip held out at a time (benchmarks/gemm_dram_logo.py): NeuSight's batched
+// SGEMMs with K <= 32 reach 48-63% of DRAM bandwidth on all five of its GPUs, and the other
+// chips choose 0.55 for every held-out one (0.55-0.6 in the first pass that set 0.6); held-out
+// GEMM MAPE 19.7 -> 19.2% (blink evaluate), 19.0% at 0.55, not yet shipped. Tiled plans before
 // sm_90 only: Hopper's cuBLAS runs persistent warp-specialised kernels whose epilogue overlaps
 // the next tile's loads, and no public rows measure them; GEMV kernels stream like copies.
 inline constexpr double kGemmDramEfficiency = 0.6;
