@@ -214,11 +214,11 @@ def _validate(d: Path) -> None:
     shipped, dropped = set(card["forests"]), set(card.get("forests_not_shipped", {}))
     assert {"gemm", "conv", "elementwise", "norm", "softmax"} <= shipped | dropped
     assert not shipped & dropped
-    # (overall, or on one of the data sets it learned from)
+    # by the README's rule: 2% better overall, and no worse on any data set it learned from
     for kind, why in card.get("forests_not_shipped", {}).items():
         worse = [ds for ds, m in why.get("by_dataset", {}).items()
                  if m["trees"]["mape"] >= m["analytic"]["mape"]]
-        assert why["trees_mape"] >= why["analytic_mape"] or worse, kind
+        assert why["trees_mape"] >= 0.98 * why["analytic_mape"] or worse, kind
     for kind, fc in card["forests"].items():
         m = fc["metrics"]
         assert m["trees"]["mape"] < m["analytic"]["mape"], kind
