@@ -423,8 +423,6 @@ def test_memory_bound_tiled_gemms_do_not_stream_like_copies():
     assert h["analytic_time_s"] < moved / (0.7 * bw("H100-SXM"))
 
 
-
-
 def _ln(rows, h, gpu="A100-40GB"):
     return unit_features("aten::native_layer_norm",
                          [tensor((rows, h)), (INTL, [h]), tensor((h,), F32, -2),
