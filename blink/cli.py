@@ -23,6 +23,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["inference", "train"], default="inference")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd or none (train mode)")
     p.add_argument("--gpu", default="H200", help="target GPU (`blink gpus` lists them)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="run the model channels-last (NHWC), as "
+                        "model.to(memory_format=torch.channels_last) with 4-D inputs converted")
     p.add_argument("--json", action="store_true",
                    help="print JSON instead of the table (with --out: only to the file)")
     p.add_argument("--out", "-o", metavar="PATH", default=None,
@@ -76,7 +79,7 @@ def _run_kwargs(a: argparse.Namespace) -> dict:
     inputs = _inputs(a)
     return {"inputs": inputs, "batch_size": None if inputs is not None else a.batch_size,
             "seq_len": a.seq_len, "dtype": a.dtype, "mode": a.mode, "optimizer": a.optimizer,
-            "gpu": a.gpu}
+            "gpu": a.gpu, "channels_last": a.channels_last}
 
 
 def _cmd_trace(a: argparse.Namespace) -> int:

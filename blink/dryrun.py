@@ -113,6 +113,35 @@ def _to_meta(value: object, where: str, cast: torch.dtype | None = None) -> obje
                       "or tuples / lists / dicts of tensors")
 
 
+def _channels_last(net: torch.nn.Module, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The run as `model.to(memory_format=torch.channels_last)` with its 4-D floating inputs
+    made channels-last, as NVIDIA recommends for convolution nets under AMP: cuDNN then runs
+    NHWC kernels with no layout transposes. The module is converted in place (it is blink's
+    meta copy, never the caller's model)."""
+    found = [False]
+
+    def conv(v: object) -> object:
+        if isinstance(v, torch.Tensor):
+            if v.dim() == 4 and v.is_floating_point():
+                found[0] = True
+                return v.contiguous(memory_format=torch.channels_last)
+            return v
+        if isinstance(v, Mapping):
+            return {k: conv(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(conv(x) for x in v)
+        return v
+
+    new_args = tuple(conv(a) for a in args)
+    new_kwargs = {k: conv(v) for k, v in kwargs.items()}
+    if not found[0]:
+        raise ConfigError("channels_last needs a 4-D floating input (N, C, H, W): none of the "
+                          "inputs is one; drop channels_last or give an image input")
+    net.to(memory_format=torch.channels_last)
+    return new_args, new_kwargs
+
+
 def _shape_inputs(input_shape: object, batch_size: int | None,
                   dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     shapes: list[Sequence[int]]
@@ -190,8 +219,11 @@ def prepare(
     dtype: str | torch.dtype | None = None,
     mode: str = "inference",
     optimizer: str = "adamw",
+    channels_last: bool = False,
 ) -> Prepared:
     """Validate the arguments and build the meta model copy and inputs (see trace_model)."""
+    if not isinstance(channels_last, bool):
+        raise ConfigError(f"channels_last must be True or False, not {channels_last!r}")
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; choose 'inference' or 'train'")
     if not isinstance(optimizer, str) or optimizer.lower() not in OPTIMIZERS:
@@ -256,6 +288,8 @@ def prepare(
 
     if param_dtype != torch.float32:
         net = net.to(param_dtype)
+    if channels_last:
+        args, kwargs = _channels_last(net, args, kwargs)
     from .cuda_paths import flatten_rnn_weights
 
     flatten_rnn_weights(net)  # as RNNBase.flatten_parameters does on .cuda()
@@ -273,6 +307,7 @@ def prepare(
         "model": zoo_name or type(model).__name__, "family": family, "mode": mode,
         "dtype": dtype_key, "batch_size": batch_size, "seq_len": seq_len, "params": int(params),
         "optimizer": optimizer if mode == "train" else None,
+        "channels_last": channels_last,
         "torch_version": torch.__version__,
         # The tensor inputs' shapes (the model-level correction reads an image input's side).
         "input_shapes": [list(v.shape) for v in (*args, *kwargs.values())
@@ -296,6 +331,7 @@ def trace_model(
     nonzero: str = "error",
     first_step: bool = False,
     warmup: bool = False,
+    channels_last: bool = False,
 ) -> Trace:
     """Dry-run an inference forward or one whole training step and return its Trace.
 
@@ -312,9 +348,12 @@ def trace_model(
     warmup=True traces the same step once first and discards it, so that the kept trace's
     timestamps are those of warm code (a model's first call pays one-off Python costs such as
     imports and first-call caches; eager timings are taken after warm-up).
+
+    channels_last=True runs the model as `model.to(memory_format=torch.channels_last)` with its
+    4-D inputs channels-last (NHWC); a ConfigError when no input is 4-D.
     """
     p = prepare(model, inputs, input_shape=input_shape, batch_size=batch_size, seq_len=seq_len,
-                dtype=dtype, mode=mode, optimizer=optimizer)
+                dtype=dtype, mode=mode, optimizer=optimizer, channels_last=channels_last)
     opt = None
     if not first_step:
         opt = make_optimizer(p)

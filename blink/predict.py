@@ -775,6 +775,7 @@ def predict(
     memory_budget: int | None = None,
     compiled: bool = False,
     predictor: str = "auto",
+    channels_last: bool = False,
 ) -> Prediction:
     """Predict time and memory of `model` on `gpu` without running it there.
 
@@ -788,6 +789,8 @@ def predict(
     compiled=True predicts the model under torch.compile (Inductor's fused kernels).
     predictor="auto" uses the trained artifacts in models/ where they cover a unit;
     "analytic" forces the analytic model (see predict_trace).
+    channels_last=True predicts the model run channels-last (NHWC: model and 4-D inputs
+    converted with memory_format=torch.channels_last).
     """
     if predictor not in PREDICTORS:
         raise ConfigError(f"predictor {predictor!r} is not one of {', '.join(PREDICTORS)}")
@@ -799,7 +802,7 @@ def predict(
     t = trace_model(model, inputs, input_shape=input_shape, batch_size=batch_size,
                     seq_len=seq_len, dtype=dtype, mode=mode, optimizer=optimizer,
                     gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step,
-                    warmup=host_time != "table")
+                    warmup=host_time != "table", channels_last=channels_last)
     return predict_trace(t, spec.name, expandable_segments=expandable_segments,
                          host_time=host_time, memory_budget=memory_budget, compiled=compiled,
                          predictor=predictor)

@@ -41,6 +41,8 @@ __all__ = ["CACHE_NAME", "KINDS", "MODES", "TRAIN_CACHE_NAME", "build_cache", "f
 
 CACHE_NAME = "timm_rtx3090_infer.csv.gz"
 SOURCE_FILE = "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv.gz"
+NHWC_CACHE_NAME = "timm_rtx3090_infer_nhwc.csv.gz"
+NHWC_SOURCE_FILE = "benchmark-infer-amp-nhwc-pt240-cu124-rtx3090.csv.gz"
 TRAIN_CACHE_NAME = "timm_rtx3090_train.csv.gz"
 TRAIN_SOURCE_FILE = "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv.gz"
 GPU = "RTX 3090"
@@ -60,6 +62,7 @@ class _Source:
     cache: str
     prefix: str       # column prefix: infer_* | train_*
     trace_mode: str   # blink.dryrun mode: inference | train
+    channels_last: bool = False  # the benchmark ran model and input channels-last (NHWC)
 
 
 # The training file times zero_grad, forward + cross entropy under AMP, backward and an SGD step
@@ -67,6 +70,10 @@ class _Source:
 MODES = {
     "inference": _Source(SOURCE_FILE, CACHE_NAME, "infer", "inference"),
     "train": _Source(TRAIN_SOURCE_FILE, TRAIN_CACHE_NAME, "train", "train"),
+    # The same inference benchmark run channels-last (benchmark.py --channels-last): never
+    # trained on; benchmarks/timm_layouts.py checks blink's layout costing against it.
+    "inference-nhwc": _Source(NHWC_SOURCE_FILE, NHWC_CACHE_NAME, "infer", "inference",
+                              channels_last=True),
 }
 
 
@@ -144,7 +151,8 @@ def build_model(name: str, batch: int, img: int, want_params: float | None = Non
     src = _source(mode)
     extra = {"optimizer": "sgd"} if src.trace_mode == "train" else {}
     t = trace_model(model, input_shape=(batch, 3, img, img), batch_size=batch, gpu=GPU,
-                    dtype="amp-fp16", mode=src.trace_mode, **extra)
+                    dtype="amp-fp16", mode=src.trace_mode, channels_last=src.channels_last,
+                    **extra)
     return t, params
 
 
@@ -225,7 +233,8 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
         "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "blink_commit": commit, "torch_version": torch.__version__,
         "timm_version": timm.__version__, "gpu": GPU, "dtype": "amp-fp16",
-        "mode": source.trace_mode, "command": "python -m blink.train.timm_cache"
+        "mode": source.trace_mode, "channels_last": source.channels_last,
+        "command": "python -m blink.train.timm_cache"
         + ("" if mode == "inference" else f" --mode {mode}")
         + ("" if max_models == DEFAULT_MAX_MODELS else f" --max-models {max_models}"),
         "selection": f"up to {max_models} of {len(read_benchmark(src))} rows, round-robin over "
