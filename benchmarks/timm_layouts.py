@@ -1,6 +1,14 @@
 """NCHW against channels-last: the same timm models, measured both ways on one RTX 3090.
 
     .venv/bin/python benchmarks/timm_layouts.py [--models 60]
+    .venv/bin/python benchmarks/timm_layouts.py --cached
+
+--cached reads the two analytic caches instead of tracing (data/derived/timm_rtx3090_infer.csv.gz
+and timm_rtx3090_infer_nhwc.csv.gz, `python -m blink.train.timm_cache --mode inference-nhwc`):
+every cached model in both layouts, roofline and analytic only, the measured and predicted
+speed-ups with the families whose layout effect blink misses most, and the benchmark's own
+repeatability (models whose convolutions are under 2% of the roofline time should not change
+with the layout: their measured NHWC/NCHW spread is run-to-run noise).
 
 timm-rtx3090 has AMP fp16 inference times of each model in NCHW and in channels_last (NHWC).
 The shipped GNN and the model-level cache saw NCHW only, so the NHWC rows are a held-out layout:
@@ -65,11 +73,73 @@ def predict(name: str, batch: int, img: int, layout: str) -> dict[str, float]:
             "blink_predictor": b.predictor}
 
 
+def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    return np.abs(pred / meas - 1.0) * 100.0
+
+
+def cached() -> int:
+    from blink.hardware import get_gpu
+    from blink.train.timm_cache import load_cache
+
+    top = get_gpu(GPU).max_clock_ratio
+    caches = {"nchw": load_cache(mode="inference"), "nhwc": load_cache(mode="inference-nhwc")}
+    keyed = {k: {(r["model"], r["img_size"], r["batch"]): r for r in v}
+             for k, v in caches.items()}
+    both = sorted(set(keyed["nchw"]) & set(keyed["nhwc"]))
+    # as blink train and evaluate do: a row measured below its traced roofline timed another
+    # program than the trace (model_level.split_consistent); kept only when both layouts pass
+    both = [k for k in both
+            if all(keyed[x][k]["roofline_ms"] <= keyed[x][k]["measured_ms"] * top for x in keyed)]
+    print(f"timm-rtx3090, AMP fp16 inference, {len(both)} cached models in both layouts "
+          f"(measured above the traced roofline in both), GPU {GPU}")
+    print(f"{'layout':<7} {'predictor':<10} {'MAPE':>6} {'median':>7} {'p90':>6} "
+          f"{'MAPE/roofline':>14} {'pred/meas':>10}")
+    col = {"roofline": "roofline_ms", "analytic": "time_ms"}
+    for lay, d in keyed.items():
+        meas = np.array([d[k]["measured_ms"] for k in both])
+        base = None
+        for p, c in col.items():
+            pred = np.array([d[k][c] for k in both])
+            ape = _ape(pred, meas)
+            base = base if base is not None else ape.mean()
+            print(f"{lay:<7} {p:<10} {ape.mean():6.1f} {np.median(ape):7.1f} "
+                  f"{np.quantile(ape, 0.9):6.1f} {ape.mean() / base:13.2f}x "
+                  f"{np.median(pred / meas):10.3f}")
+    ms = np.array([keyed["nchw"][k]["measured_ms"] / keyed["nhwc"][k]["measured_ms"] for k in both])
+    ps = np.array([keyed["nchw"][k]["time_ms"] / keyed["nhwc"][k]["time_ms"] for k in both])
+    agree = np.mean(np.sign(np.log(ps)) == np.sign(np.log(ms)))
+    print(f"\nNHWC speed-up (NCHW ms / NHWC ms): measured median {np.median(ms):.3f}, analytic "
+          f"{np.median(ps):.3f}; same direction {100 * agree:.0f}%, correlation of the logs "
+          f"{np.corrcoef(np.log(ms), np.log(ps))[0, 1]:.2f}, MAPE of the predicted speed-up "
+          f"{_ape(ps, ms).mean():.1f}%")
+    conv = np.array([keyed["nchw"][k]["r_conv"] / keyed["nchw"][k]["roofline_ms"] for k in both])
+    flat = conv < 0.02
+    print(f"repeatability: {flat.sum()} models with convolutions under 2% of the roofline: "
+          f"measured |NHWC/NCHW - 1| median {100 * np.median(np.abs(ms[flat] - 1)):.1f}%, "
+          f"mean {100 * np.mean(np.abs(ms[flat] - 1)):.1f}% (analytic speed-up median "
+          f"{np.median(ps[flat]):.3f})")
+    fams: dict[str, list[int]] = {}
+    for i, k in enumerate(both):
+        fams.setdefault(keyed["nchw"][k]["family"], []).append(i)
+    gap = sorted((float(np.mean(np.log(ps[ix] / ms[ix]))), f, ix) for f, ix in fams.items())
+    print("families whose layout effect blink misses most (mean log(predicted / measured "
+          "speed-up)):")
+    print(f"  {'family':<16} {'n':>3} {'measured':>9} {'analytic':>9} {'log gap':>8}")
+    for g, f, ix in gap[:8] + gap[-8:]:
+        print(f"  {f:<16} {len(ix):>3} {np.median(ms[ix]):9.3f} {np.median(ps[ix]):9.3f} "
+              f"{g:+8.3f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", type=int, default=60)
+    ap.add_argument("--cached", action="store_true",
+                    help="all cached models, roofline and analytic (no tracing)")
     a = ap.parse_args()
+    if a.cached:
+        return cached()
     root = public_root() / "timm-rtx3090"
     rows = {k: read_benchmark(root / f) for k, f in FILES.items()}
     nhwc = {(r["model"], r["infer_img_size"], r["infer_batch_size"]): r for r in rows["nhwc"]}

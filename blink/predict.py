@@ -129,6 +129,7 @@ class Prediction:
     memory_by_category: dict[str, int] = field(default_factory=dict)
     memory_curve: list[dict[str, Any]] = field(default_factory=list, repr=False)
     compiled: bool = False  # costed as torch.compile (Inductor) would run it, see blink.compile
+    channels_last: bool = False  # the model and its 4-D inputs ran channels-last (NHWC)
 
     # -- breakdowns ------------------------------------------------------------------------
     @property
@@ -226,6 +227,7 @@ class Prediction:
         bound = "launch-bound (CPU)" if self.host_ms >= self.gpu_busy_ms else "GPU-bound"
         batch = "?" if self.batch_size is None else self.batch_size
         mode = f"{self.mode}, compiled" if self.compiled else self.mode
+        mode += ", channels-last" if self.channels_last else ""
         head = [
             f"blink predict: {self.model} on {self.gpu} ({mode}, {self.dtype}, "
             f"batch {batch}{'' if self.seq_len is None else f', seq {self.seq_len}'})",
@@ -752,7 +754,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         flops=float(sum(u.flops for u in units)), peak_flops=peak, peak_flops_kind=peak_kind,
         memory_by_category={k: by_cat.get(k, 0) for k in MEMORY_CATEGORIES},
         memory_curve=_memory_curve(mem["curve"], timeline), compiled=compiled,
-        predictor=used_predictor,
+        channels_last=bool(t.meta.get("channels_last", False)), predictor=used_predictor,
     )
 
 

@@ -216,3 +216,56 @@ def test_autocast_casts_are_costed_copies():
     assert casts and all(u.time_ms > 0 and u.bytes > 0 for u in casts)
     # the cast weights: 2 + 4 bytes moved per fp32 weight element of every Linear
     assert sum(u.bytes for u in casts) >= 6 * 0.9e9
+
+
+def test_channels_last_runs_nhwc_convolutions_without_layout_transposes():
+    """--channels-last: the model's convolutions see NHWC tensors (a real torchvision resnet18
+    traced on meta), so cuDNN's fp16 tensor-core kernels need none of the nchwToNhwc /
+    nhwcToNchw transposes an NCHW run pays; the caller's model is left as it was."""
+    import torch
+    import torchvision
+
+    from blink.cost import trace_features
+
+    with torch.device("meta"):
+        net = torchvision.models.resnet18()
+    runs = {}
+    for cl in (False, True):
+        t = blink.trace_model(net, input_shape=(32, 3, 224, 224), dtype="amp-fp16",
+                              gpu="A100-40GB", channels_last=cl)
+        assert t.meta["channels_last"] is cl
+        convs = [r for r in trace_features(t, "A100-40GB")
+                 if r["kind"] == "conv" and r["analytic_time_s"] > 0]
+        assert len(convs) == 20
+        runs[cl] = convs
+        first = next(o for o in t.ops if o.name == "aten::convolution")
+        x = first.tensors("inputs")[0]
+        want = (3 * 224 * 224, 1, 3 * 224, 3) if cl else (3 * 224 * 224, 224 * 224, 224, 1)
+        assert tuple(x.stride) == want
+    assert all(r["channels_last"] == 1 for r in runs[True])
+    assert all(r["channels_last"] == 0 for r in runs[False])
+    # NCHW fp16 convolutions carry the transposes (aux bytes); NHWC ones do not (the deep
+    # 7x7 layers keep a split-K reduce in both layouts).
+    big = [i for i, r in enumerate(runs[False]) if r["conv_h"] >= 28]
+    assert len(big) >= 10
+    assert all(runs[False][i]["aux_bytes"] > 0 for i in big)
+    assert all(runs[True][i]["aux_bytes"] == 0 for i in big)
+    assert all(a["aux_bytes"] <= b["aux_bytes"] for a, b in zip(runs[True], runs[False],
+                                                                strict=True))
+    nchw = sum(r["analytic_time_s"] for r in runs[False])
+    nhwc = sum(r["analytic_time_s"] for r in runs[True])
+    assert nhwc < 0.95 * nchw
+    # the caller's module is untouched (blink converts its meta copy)
+    w = net.conv1.weight
+    assert w.is_contiguous() and not w.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_channels_last_needs_an_image_input(capsys):
+    with pytest.raises(blink.ConfigError, match="4-D floating input"):
+        blink.predict("hf:gpt2", batch_size=1, seq_len=16, channels_last=True)
+    assert main(["predict", "torchvision:resnet18", "-b", "2", "--dtype", "amp-bf16",
+                 "--gpu", "H100-SXM", "--channels-last", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["gpu"] == "H100-SXM" and doc["time_ms"] > 0 and doc["channels_last"] is True
+    p = blink.Prediction.from_json(json.dumps(doc))
+    assert p.channels_last and "channels-last" in p.table()
