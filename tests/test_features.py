@@ -357,3 +357,36 @@ def test_roofline_bandwidth_and_peaks():
     # 8192^2 outputs in the planned tiles, in full waves of the 132 SMs
     assert g100["tiles"] == (8192 // g100["tile_m"]) * (8192 // g100["tile_n"]) * g100["split_k"]
     assert g100["waves"] == math.ceil(g100["tiles"] / (132 * g100["blocks_per_sm"]))
+
+
+def test_permuted_copies_and_elementwise_pay_the_gathering_kernel():
+    """x.permute(...).contiguous() and an element-wise op over a permuted view run PyTorch's
+    non-vectorised, gathering TensorIterator kernel (kPermutedCopySlowdown); a broadcast input
+    (stride 0) and tensors in one order do not."""
+    shape = (64, 128, 56, 56)  # NCHW
+    nhwc = (128 * 56 * 56, 1, 56 * 128, 128)  # the same sizes stored channels-last
+    dst = tensor(shape, F16)
+    plain = feats("aten::copy_", [(TENSOR, dst), t(shape, F16), b(False)], [(TENSOR, dst)])
+    perm = feats("aten::copy_", [(TENSOR, dst), t(shape, F16, nhwc), b(False)], [(TENSOR, dst)])
+    assert not plain["permuted"] and perm["permuted"]
+    assert perm["bytes_read"] == plain["bytes_read"]  # same bytes, slower kernel
+    ratio = perm["analytic_time_s"] / plain["analytic_time_s"]
+    assert 1.5 < ratio <= _C.kPermutedCopySlowdown
+    # a permuted destination (copy into a channels-last buffer) gathers its writes
+    into = tensor(shape, F16, nhwc)
+    f = feats("aten::copy_", [(TENSOR, into), t(shape, F16), b(False)], [(TENSOR, into)])
+    assert f["permuted"]
+    # element-wise: a permuted operand gathers; a broadcast one (stride 0) and a same-order one
+    # do not
+    out = t(shape, F16)
+    f = feats("aten::add.Tensor", [t(shape, F16), t(shape, F16, nhwc), d(1)], [out])
+    assert f["permuted"]
+    bias = t(shape, F16, (128, 1, 0, 0))
+    assert not feats("aten::add.Tensor", [t(shape, F16), bias, d(1)], [out])["permuted"]
+    assert not feats("aten::add.Tensor", [t(shape, F16, nhwc), t(shape, F16, nhwc), d(1)],
+                     [t(shape, F16, nhwc)])["permuted"]
+    # tiny views stay launch-bound: not flagged
+    small = tensor((4, 8, 8), F16)
+    f = feats("aten::copy_", [(TENSOR, small), t((4, 8, 8), F16, (1, 32, 4)), b(False)],
+              [(TENSOR, small)])
+    assert not f["permuted"]

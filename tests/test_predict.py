@@ -269,3 +269,27 @@ def test_channels_last_needs_an_image_input(capsys):
     assert doc["gpu"] == "H100-SXM" and doc["time_ms"] > 0 and doc["channels_last"] is True
     p = blink.Prediction.from_json(json.dumps(doc))
     assert p.channels_last and "channels-last" in p.table()
+
+
+def test_permuted_views_in_real_models_are_costed_as_gathering_kernels():
+    """CaiT's talking-heads attention permutes (B, H, N, N) scores around two Linears over the
+    heads: those copies run PyTorch's gathering kernel. A ResNet-50 has no permuted view, and
+    XCiT's NCHW <-> token reshapes mostly vanish when the model runs channels-last."""
+    import timm
+    import torch
+
+    from blink.cost import trace_features
+
+    def permuted(name: str, cl: bool = False) -> tuple[int, float]:
+        with torch.device("meta"):
+            net = timm.create_model(name)
+        t = blink.trace_model(net, input_shape=(8, 3, 224, 224), dtype="amp-fp16",
+                              gpu="RTX3090", channels_last=cl)
+        rows = trace_features(t, "RTX3090")
+        return (sum(1 for r in rows if r["permuted"]),
+                sum(r["analytic_time_s"] for r in rows if r["permuted"]))
+
+    n, secs = permuted("cait_xxs24_224")
+    assert n >= 2 * 24 and secs > 0  # at least the two head mixes of each of the 24 blocks
+    assert permuted("resnet50") == (0, 0.0)
+    assert permuted("xcit_nano_12_p16_224", cl=True)[0] < permuted("xcit_nano_12_p16_224")[0]

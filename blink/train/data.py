@@ -59,8 +59,9 @@ GPU_FEATURES = ("gpu_sm_count", "gpu_clock_hz", "gpu_mem_bw", "gpu_l2_bytes", "g
                 "gpu_peak_tf32", "gpu_peak_bf16", "gpu_peak_fp16", "gpu_peak_fp8", "gpu_cc")
 
 # Keys of features_for() that are not inputs of a forest: the unit kind (one forest per kind)
-# and the host-side dispatch time (not a GPU-time feature; not in blink::feature_values).
-_NOT_FEATURES = ("kind", "host_dispatch_time_s", "error")
+# and the host-side dispatch time (not a GPU-time feature; not in blink::feature_values), and
+# the permuted-access flag (analytic_time_s applies it; the forests see its time).
+_NOT_FEATURES = ("kind", "host_dispatch_time_s", "error", "permuted")
 
 # Unit fields the forests do not take although the core computes them: the dtype (c10
 # ScalarType code) and the math mode (blink::MathMode code) are enum codes whose order means

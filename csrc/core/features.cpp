@@ -62,6 +62,26 @@ bool transposed_operand(const TensorInfo& t) {
   return t.sizes.back() > 1 && t.strides.back() != 1;
 }
 
+// A TensorIterator kernel writing `dst` runs in dst's memory order (its innermost dim is the
+// one of smallest stride). The kernel gathers when dst itself is not stride-1 there or an input
+// of dst's shape strides across it (a permuted view; stride 0 is a broadcast, read once).
+// Kernels under 4096 elements are launch-bound either way.
+bool permuted_access(const TensorInfo& dst, const std::vector<const TensorInfo*>& srcs) {
+  const size_t nd = dst.sizes.size();
+  if (nd < 2 || dst.strides.size() != nd || numel_of(dst) < 4096) return false;
+  size_t inner = nd;
+  for (size_t i = 0; i < nd; ++i) {
+    if (dst.sizes[i] > 1 && (inner == nd || dst.strides[i] < dst.strides[inner])) inner = i;
+  }
+  if (inner == nd) return false;
+  if (dst.strides[inner] != 1) return true;
+  for (const TensorInfo* x : srcs) {
+    if (x->sizes != dst.sizes || x->strides.size() != nd) continue;
+    if (x->strides[inner] != 0 && x->strides[inner] != 1) return true;
+  }
+  return false;
+}
+
 template <class F>
 void for_each_tensor(const Arg& a, F&& fn) {
   if (a.kind != ArgKind::kTensor && a.kind != ArgKind::kTensorList) return;
@@ -641,7 +661,14 @@ Tiling f_elementwise(const Ctx& c, const Rule& r, UnitFeatures& f) {
   f.bytes_read = read_bytes(c);
   count_writes(c, f, 0);
   int64_t work = f.numel;
-  for_each_tensor(c.in, [&](const TensorInfo& t) { work = std::max(work, numel_of(t)); });
+  std::vector<const TensorInfo*> ins;
+  for_each_tensor(c.in, [&](const TensorInfo& t) {
+    work = std::max(work, numel_of(t));
+    ins.push_back(&t);
+  });
+  const TensorInfo* dst = first_output(c);
+  if (dst == nullptr && !ins.empty()) dst = ins[0];  // an in-place op writes its self
+  f.permuted = dst != nullptr && permuted_access(*dst, ins);
   f.flops = r.per_elem * static_cast<double>(work);
   f.dtype = has_tensor(c.out) ? largest_dtype(c.out) : largest_dtype(c.in);
   return elementwise_tiling(static_cast<double>(work));
@@ -672,6 +699,14 @@ Tiling f_copy(const Ctx& c, const Rule& r, UnitFeatures& f) {
   }
   f.bytes_read = read_bytes(c, r.p0);
   count_writes(c, f, r.p0 >= 0 ? r.p0 : 0);
+  // copy_(self, src): self is the destination; an allocating copy writes its output.
+  const TensorInfo* dst = r.p0 >= 0 ? tensor_at(c.in, r.p0) : first_output(c);
+  std::vector<const TensorInfo*> srcs;
+  for (size_t i = 0; i < c.in.size(); ++i) {
+    if (static_cast<int>(i) == r.p0) continue;
+    for_each_tensor(c.in[i], [&](const TensorInfo& t) { srcs.push_back(&t); });
+  }
+  f.permuted = dst != nullptr && permuted_access(*dst, srcs);
   return elementwise_tiling(static_cast<double>(f.numel));
 }
 

@@ -62,6 +62,7 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
                                          (f.input_passes - 1.0) * std::max(0.0, f.bytes_read) -
                                          f.l2_hit_bytes * (1.0 - 1.0 / kL2VsDramBandwidth));
   double bw = g.mem_bw * kDramEfficiency;
+  if (f.permuted) bw /= kPermutedCopySlowdown;  // the gathering, non-vectorised kernel
   if (bytes > 0) {
     if (ctas > 0) {
       const double sms = std::min<double>(g.sm_count, ctas);

@@ -433,6 +433,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // keeps a copy that can go stale.
   m.attr("kSimtGemmBaseEfficiency") = kSimtGemmBaseEfficiency;
   m.attr("kGemmDramEfficiency") = kGemmDramEfficiency;
+  m.attr("kPermutedCopySlowdown") = kPermutedCopySlowdown;
   m.attr("kConvSimtPowerFraction") = kConvSimtPowerFraction;
   // blink::Error arrives in Python as blink._C.Error, a subclass of blink.errors.BlinkError.
   py::object base = py::module_::import("blink.errors").attr("BlinkError");
@@ -587,6 +588,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
               row["op"] = op_full_name(d, op);
               row["host_dispatch_time_s"] = host_dispatch_time_s(op_full_name(d, op));
               row["error"] = u.error;
+              row["permuted"] = u.features.permuted;
               rows.append(row);
             }
             return rows;
@@ -878,6 +880,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::dict d = features_to_python(f);
           d["analytic_time_s"] = analytic_time_s(f, g);
           d["host_dispatch_time_s"] = host_dispatch_time_s(op);
+          d["permuted"] = f.permuted;
           return d;
         },
         py::arg("op_name"), py::arg("inputs"), py::arg("outputs"), py::arg("gpu"),

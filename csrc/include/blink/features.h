@@ -167,6 +167,10 @@ struct UnitFeatures {
   // target GPU (apply_tiling; kRowCtaLifetimeS). Not forest inputs.
   int64_t row_cta_threads = 0;
   double row_cta_bound_s = 0.0;
+  // A copy / element-wise kernel whose output or a same-shape input is a permuted view: read
+  // (or written) across its stride along the output's innermost dim, so PyTorch's
+  // non-vectorised, gathering kernel runs it (kPermutedCopySlowdown). Not a forest input.
+  bool permuted = false;
   // Input bytes a steady-state run finds in L2 (written by the units just before and not yet
   // evicted), set by the cost stage over a whole trace (cost_model.cpp), 0 for a lone unit.
   double l2_hit_bytes = 0.0;

@@ -32,6 +32,21 @@ inline constexpr double kL2VsDramBandwidth = 3.0;
 // channels-last norms of ConvNeXt / EdgeNeXt-style blocks: 24-96 channels over millions of
 // pixels). Not fitted: built from kDramLatencyS and kL2VsDramBandwidth.
 inline constexpr double kRowCtaLifetimeS = kDramLatencyS * (1.0 + 1.0 / kL2VsDramBandwidth);
+// A copy or element-wise kernel over a permuted view (an operand whose stride along the output's
+// innermost dim is neither 1 nor 0: x.permute(...).contiguous(), NCHW <-> NHWC, a Linear over a
+// transposed tensor) takes this many times the DRAM time of the same bytes streamed in order.
+// The CUDA path (aten/src/ATen/native/cuda/CUDALoops.cuh gpu_kernel_impl): a TensorIterator that
+// is not contiguous runs launch_legacy_kernel with an OffsetCalculator, one element per thread
+// per step, no 16-byte vector accesses, and the permuted operand is gathered across its stride
+// (Copy.cu's direct_copy_kernel_cuda takes the same path). Fitted on the public timm RTX 3090
+// whole-model times of the same models run NCHW and channels-last (shared/data/public/
+// timm-rtx3090; 627 models in both layouts), where only the layout, so which ops transpose,
+// differs: the factor that best predicts each model's measured NHWC / NCHW speed-up, one model
+// family held out at a time (every family of 104 chooses 1.75 on a 0.25 grid from the others
+// but 2 (1.75 / 2.0); benchmarks/transpose_logo.py prints the fit and the held-out speed-up
+// error). CaiT's talking-heads permutes and XCiT / VOLO's NCHW <-> token reshapes are the
+// models it moves most.
+inline constexpr double kPermutedCopySlowdown = 1.75;
 // Share of L2 a steady-state working set may use and still be found there by the next unit
 // (the rest holds weights, other streams' lines, and set conflicts evict early).
 inline constexpr double kL2ResidentFraction = 0.5;
