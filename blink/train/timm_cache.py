@@ -15,6 +15,12 @@ The training file (full SGD steps under AMP, torch 1.12) is cached the same way,
 training step, in ``data/derived/timm_rtx3090_train.csv.gz``::
 
     python -m blink.train.timm_cache --mode train
+
+The channels-last inference file (never trained on; benchmarks/timm_layouts.py --cached and
+benchmarks/transpose_logo.py compare it with the NCHW one) goes to
+``data/derived/timm_rtx3090_infer_nhwc.csv.gz``::
+
+    python -m blink.train.timm_cache --mode inference-nhwc
 """
 from __future__ import annotations
 
