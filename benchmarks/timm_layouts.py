@@ -47,6 +47,7 @@ from blink.train.timm_cache import (  # noqa: E402
 FILES = {"nchw": "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv.gz",
          "nhwc": "benchmark-infer-amp-nhwc-pt240-cu124-rtx3090.csv.gz"}
 PREDICTORS = ("roofline", "analytic", "blink")
+LAYOUT_MODES = {"nchw": "inference", "nhwc": "inference-nhwc"}  # blink.train.timm_cache modes
 # timm maps old names of these benchmark files to their current ones, with a warning each.
 warnings.filterwarnings("ignore", message="Mapping deprecated model name")
 
@@ -61,10 +62,8 @@ def predict(name: str, batch: int, img: int, layout: str) -> dict[str, float]:
     with torch.device("meta"):
         model = timm.create_model(name, pretrained=False)
         x = torch.empty(batch, 3, img, img)
-    if layout == "nhwc":
-        model = model.to(memory_format=torch.channels_last)
-        x = x.to(memory_format=torch.channels_last)
-    t = trace_model(model, x, gpu=GPU, dtype="amp-fp16", mode="inference")
+    t = trace_model(model, x, gpu=GPU, dtype="amp-fp16", mode="inference",
+                    channels_last=layout == "nhwc")
     kw = {"allow_tf32_matmul": True, "allow_tf32_cudnn": True, "cudnn_benchmark": True,
           "host_time": "table"}
     a = predict_trace(t, GPU, predictor="analytic", **kw)
@@ -77,19 +76,25 @@ def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
     return np.abs(pred / meas - 1.0) * 100.0
 
 
-def cached() -> int:
+def cached_pairs() -> tuple[list[tuple], dict[str, dict[tuple, dict]]]:
+    """(keys, {layout: {key: cached row}}) of the models cached in both layouts, key = (model,
+    img_size, batch). As blink train and evaluate do, a row measured below its traced roofline
+    timed another program than the trace (model_level.split_consistent): a model is kept only
+    when both layouts pass."""
     from blink.hardware import get_gpu
     from blink.train.timm_cache import load_cache
 
     top = get_gpu(GPU).max_clock_ratio
-    caches = {"nchw": load_cache(mode="inference"), "nhwc": load_cache(mode="inference-nhwc")}
-    keyed = {k: {(r["model"], r["img_size"], r["batch"]): r for r in v}
-             for k, v in caches.items()}
-    both = sorted(set(keyed["nchw"]) & set(keyed["nhwc"]))
-    # as blink train and evaluate do: a row measured below its traced roofline timed another
-    # program than the trace (model_level.split_consistent); kept only when both layouts pass
-    both = [k for k in both
-            if all(keyed[x][k]["roofline_ms"] <= keyed[x][k]["measured_ms"] * top for x in keyed)]
+    keyed = {lay: {(r["model"], r["img_size"], r["batch"]): r for r in load_cache(mode=mode)}
+             for lay, mode in LAYOUT_MODES.items()}
+    both = sorted(k for k in set(keyed["nchw"]) & set(keyed["nhwc"])
+                  if all(d[k]["roofline_ms"] <= d[k]["measured_ms"] * top
+                         for d in keyed.values()))
+    return both, keyed
+
+
+def cached() -> int:
+    both, keyed = cached_pairs()
     print(f"timm-rtx3090, AMP fp16 inference, {len(both)} cached models in both layouts "
           f"(measured above the traced roofline in both), GPU {GPU}")
     print(f"{'layout':<7} {'predictor':<10} {'MAPE':>6} {'median':>7} {'p90':>6} "

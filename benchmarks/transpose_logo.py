@@ -30,26 +30,22 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from timm_layouts import LAYOUT_MODES, cached_pairs  # noqa: E402
+
 from blink import _C  # noqa: E402
 from blink.cost import trace_features  # noqa: E402
-from blink.hardware import get_gpu  # noqa: E402
 from blink.train import timm_cache as tc  # noqa: E402
 
 SHIPPED = float(_C.kPermutedCopySlowdown)
 GRID = [1.0 + 0.25 * i for i in range(9)]  # 1 .. 3
 assert SHIPPED in GRID, "add the shipped constant to GRID"
-LAYOUTS = {"nchw": "inference", "nhwc": "inference-nhwc"}
+LAYOUTS = LAYOUT_MODES
 warnings.filterwarnings("ignore", message="Mapping deprecated model name")
 
 
 def _rows(limit: int | None) -> list[tuple[str, str, dict[str, tuple[float, float, float]]]]:
     """(model, family, {layout: (measured ms, analytic ms, permuted units' ms)})."""
-    top = get_gpu(tc.GPU).max_clock_ratio
-    caches = {k: {(r["model"], r["img_size"], r["batch"]): r for r in tc.load_cache(mode=m)}
-              for k, m in LAYOUTS.items()}
-    keys = sorted(k for k in set(caches["nchw"]) & set(caches["nhwc"])
-                  if all(c[k]["roofline_ms"] <= c[k]["measured_ms"] * top
-                         for c in caches.values()))
+    keys, caches = cached_pairs()
     out = []
     for name, img, batch in keys[:limit]:
         got = {}
