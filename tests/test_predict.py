@@ -293,3 +293,51 @@ def test_permuted_views_in_real_models_are_costed_as_gathering_kernels():
     assert n >= 2 * 24 and secs > 0  # at least the two head mixes of each of the 24 blocks
     assert permuted("resnet50") == (0, 0.0)
     assert permuted("xcit_nano_12_p16_224", cl=True)[0] < permuted("xcit_nano_12_p16_224")[0]
+
+
+def test_nchw_bilinear_upsampling_is_costed_as_its_serial_per_pixel_loop():
+    """PyTorch's NCHW bilinear upsampling kernel runs one thread per output pixel, each looping
+    over every image and channel, so its time follows N x C, not the bytes; the channels-last
+    kernel (>= 16 channels) is one thread per element and streams like an element-wise op."""
+    import torch
+    from torch import nn
+
+    from blink.cost import trace_features
+
+    class Up(nn.Module):
+        def __init__(self, c: int, scale: int) -> None:
+            super().__init__()
+            self.proj = nn.Conv2d(c, c, 1)
+            self.up = nn.Upsample(scale_factor=scale, mode="bilinear")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.up(self.proj(x))
+
+    def up(n: int, c: int, hw: int, scale: int = 2, cl: bool = False) -> dict:
+        with torch.device("meta"):
+            net = Up(c, scale)
+        t = blink.trace_model(net, input_shape=(n, c, hw, hw), dtype="amp-fp16",
+                              gpu="RTX3090", channels_last=cl)
+        rows = [r for r in trace_features(t, "RTX3090") if r["op"] == "aten::upsample_bilinear2d"]
+        assert len(rows) == 1
+        return rows[0]
+
+    # EfficientFormerV2's stride-2 attention: 7x7 -> 14x14 over 1024 images x 1024 channels
+    nchw = up(1024, 1024, 7)
+    assert nchw["parallelism"] == 14 * 14  # threads: output pixels, not elements
+    assert nchw["analytic_time_s"] > 50 * nchw["memory_time_s"]  # far from streaming its bytes
+    assert 0.1 < nchw["analytic_time_s"] < 1.0  # seconds: a million dependent steps per thread
+    # doubling the images doubles every thread's loop; 4x the output pixels adds threads that
+    # run side by side in the same wave, so the time barely moves
+    twice = up(2048, 1024, 7)
+    assert twice["analytic_time_s"] == pytest.approx(2 * nchw["analytic_time_s"], rel=0.02)
+    wider = up(1024, 1024, 7, scale=4)
+    assert wider["analytic_time_s"] == pytest.approx(nchw["analytic_time_s"], rel=0.1)
+    # channels-last with >= 16 channels: the per-element NHWC kernel, bandwidth-bound
+    nhwc = up(1024, 1024, 7, cl=True)
+    assert nhwc["channels_last"]
+    assert nhwc["parallelism"] > 1000 * nchw["parallelism"]
+    assert nhwc["analytic_time_s"] < 1.5 * nhwc["memory_time_s"] + 1e-5
+    assert nchw["analytic_time_s"] > 50 * nhwc["analytic_time_s"]
+    # fewer than 16 channels keep the looping kernel even when channels-last
+    assert up(1024, 8, 7, cl=True)["parallelism"] == 14 * 14

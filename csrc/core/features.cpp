@@ -259,11 +259,12 @@ int largest_dtype(const std::vector<Arg>& args) {
 // ---- tilings (applied once the math mode is known) ------------------------------------------
 
 struct Tiling {
-  enum Style { kNone, kGemm, kPreset, kElementwise, kReduction, kRowwise, kMultiTensor };
+  enum Style { kNone, kGemm, kPreset, kElementwise, kReduction, kRowwise, kMultiTensor,
+               kSerialLoop };
   Style style = kNone;
   double work = 0.0;     // elements, for kElementwise / kReduction
   int64_t tiles = 0;     // kPreset: CTAs; kMultiTensor: 64K-element chunks
-  int64_t threads = 0;   // kPreset: threads per CTA
+  int64_t threads = 0;   // kPreset, kSerialLoop: threads per CTA (kSerialLoop: work = threads)
   int passes = 1;        // kGemm on a convolution: bit 0 forward, 1 grad_input, 2 grad_weight
 };
 
@@ -276,6 +277,10 @@ Tiling elementwise_tiling(double work) { return Tiling{Tiling::kElementwise, wor
 Tiling reduction_tiling(double work) { return Tiling{Tiling::kReduction, work, 0, 0}; }
 Tiling rowwise_tiling() { return Tiling{Tiling::kRowwise, 0.0, 0, 0}; }
 Tiling no_tiling() { return Tiling{}; }
+Tiling serial_loop_tiling(int64_t threads, int64_t cta) {
+  return Tiling{Tiling::kSerialLoop, static_cast<double>(threads),
+                (threads + cta - 1) / std::max<int64_t>(cta, 1), cta};
+}
 
 // ---- rules -----------------------------------------------------------------------------------
 
@@ -891,6 +896,26 @@ Tiling f_nll_backward(const Ctx& c, const Rule& r, UnitFeatures& f) {
   return elementwise_tiling(static_cast<double>(f.numel));
 }
 
+// upsample_bilinear2d forward (input 0 -> output), UpSampleBilinear2d.cu: an NHWC input of >= 16
+// channels (with its output NHWC too) runs upsample_bilinear2d_nhwc_out_frame, one thread per
+// output element, and equal sizes are a copy: element-wise cost. Otherwise
+// upsample_bilinear2d_out_frame launches out_h x out_w threads in CTAs of 1024 and each thread
+// loops over all N x C planes (kSerialLoopIterationS): at 7x7 -> 14x14 that is 196 threads for
+// the whole batch.
+Tiling f_upsample_bilinear(const Ctx& c, const Rule& r, UnitFeatures& f) {
+  const TensorInfo& x = need_tensor(c, 0, "input");
+  const TensorInfo* y = first_output(c);
+  if (y == nullptr) fail(c, "has no output tensor");
+  Tiling t = f_elementwise(c, r, f);
+  f.channels_last = channels_last(x);
+  if (x.sizes.size() != 4 || y->sizes.size() != 4 || x.sizes == y->sizes) return t;
+  if (f.channels_last && x.sizes[1] >= 16 && channels_last(*y)) return t;
+  const int64_t pixels = y->sizes[2] * y->sizes[3];
+  if (pixels <= 0) return t;
+  f.serial_loop_iters = x.sizes[0] * x.sizes[1];
+  return serial_loop_tiling(pixels, 1024);
+}
+
 // Anything else: bytes from the tensor arguments, FLOPs per_elem * elements (0 for the
 // fallback).
 Tiling f_generic(const Ctx& c, const Rule& r, UnitFeatures& f) { return f_elementwise(c, r, f); }
@@ -1474,6 +1499,8 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       {"aten::_fused_sgd_", R(K::kOptimizer, f_fused_optimizer, 7, 0b101, -1)},
       // Adagrad: decay 2, sum += g^2 2, update sqrt/div/fma 4.
       {"aten::_fused_adagrad_", R(K::kOptimizer, f_fused_optimizer, 8, 0b101, 3)},
+      // Bilinear upsampling forward (its NCHW kernel loops over N x C in every thread).
+      {"aten::upsample_bilinear2d", R(K::kOther, f_upsample_bilinear)},
       // --- No kernel: views, metadata, allocation.
       {"aten::view", R(K::kOther, f_metadata)},
       {"aten::_unsafe_view", R(K::kOther, f_metadata)},
@@ -1764,6 +1791,16 @@ double apply_tiling(const Tiling& t, const GpuSpec& g, const FeatureOptions& o, 
       f.parallelism = static_cast<double>(t.tiles * kMultiTensorCta);
       f.blocks_per_sm = occupancy(g, kMultiTensorCta);
       break;
+    case Tiling::kSerialLoop: {
+      // Waves of resident CTAs, each thread running its whole loop (f_upsample_bilinear).
+      f.tiles = t.tiles;
+      f.parallelism = t.work;
+      f.blocks_per_sm = occupancy(g, t.threads);
+      const int64_t slots = static_cast<int64_t>(g.sm_count) * f.blocks_per_sm;
+      f.serial_loop_bound_s = static_cast<double>(ceil_div(f.tiles, slots)) *
+                              static_cast<double>(f.serial_loop_iters) * kSerialLoopIterationS;
+      break;
+    }
     case Tiling::kNone:
       f.tiles = 0;
       f.parallelism = 0.0;

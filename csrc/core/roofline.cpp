@@ -72,6 +72,9 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
   }
   // One CTA per row (layer norm): short rows leave the CTAs' lifetime, not DRAM, the bound.
   memory_s = std::max(memory_s, f.row_cta_bound_s);
+  // Threads that each loop over the batch and channels (NCHW bilinear upsampling): few threads,
+  // one memory round trip per iteration, so the loop's length, not DRAM bandwidth, is the bound.
+  memory_s = std::max(memory_s, f.serial_loop_bound_s);
   // Helper kernels of the plan (layout transposes, split-K reduce, Winograd transforms, a
   // convolution's bias add) stream their bytes after the main kernel.
   const double aux_s = f.aux_bytes > 0 ? kDramLatencyS + f.aux_bytes / (g.mem_bw * kDramEfficiency)

@@ -167,6 +167,12 @@ struct UnitFeatures {
   // target GPU (apply_tiling; kRowCtaLifetimeS). Not forest inputs.
   int64_t row_cta_threads = 0;
   double row_cta_bound_s = 0.0;
+  // Kernels whose every thread loops serially over the batch and channels (PyTorch's NCHW
+  // bilinear upsampling: one thread per output pixel; f_upsample_bilinear): iterations per
+  // thread, and the time bound their waves of such threads set on the target GPU (apply_tiling;
+  // kSerialLoopIterationS). Not forest inputs.
+  int64_t serial_loop_iters = 0;
+  double serial_loop_bound_s = 0.0;
   // A copy / element-wise kernel whose output or a same-shape input is a permuted view: read
   // (or written) across its stride along the output's innermost dim, so PyTorch's
   // non-vectorised, gathering kernel runs it (kPermutedCopySlowdown). Not a forest input.

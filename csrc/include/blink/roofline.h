@@ -32,6 +32,19 @@ inline constexpr double kL2VsDramBandwidth = 3.0;
 // channels-last norms of ConvNeXt / EdgeNeXt-style blocks: 24-96 channels over millions of
 // pixels). Not fitted: built from kDramLatencyS and kL2VsDramBandwidth.
 inline constexpr double kRowCtaLifetimeS = kDramLatencyS * (1.0 + 1.0 / kL2VsDramBandwidth);
+// One iteration of a kernel loop whose every step waits for its own load: a dependent round trip
+// to DRAM with the memory system otherwise idle (no queueing, unlike kDramLatencyS). PyTorch's
+// NCHW bilinear upsampling (aten/src/ATen/native/cuda/UpSampleBilinear2d.cu,
+// upsample_bilinear2d_out_frame) launches one thread per output pixel, and each thread loops
+// over every image and channel: four gathers from that (n, c) plane, then a store the next
+// iteration's loads may alias (plain accessors, no __restrict__), so the loop runs one memory
+// round trip per step. Public pointer-chase microbenchmarks put an idle DRAM round trip on
+// Volta-to-Hopper boards at roughly 250-450 ns; 300 ns, taken with the only public rows that
+// run this kernel in view (timm-rtx3090's EfficientFormerV2, whose measured excess over the
+// rest of the model is 277-292 ms per upsampling call of 1024 x 1024 iterations, i.e. ~280 ns
+// per step, some steps hitting a line already cached). Those rows motivated the rule, so their
+// gain is not a held-out result (benchmarks/upsample_loop.py prints them before / after).
+inline constexpr double kSerialLoopIterationS = 3.0e-7;
 // A copy or element-wise kernel over a permuted view (an operand whose stride along the output's
 // innermost dim is neither 1 nor 0: x.permute(...).contiguous(), NCHW <-> NHWC, a Linear over a
 // transposed tensor) takes this many times the DRAM time of the same bytes streamed in order.
