@@ -341,3 +341,35 @@ def test_nchw_bilinear_upsampling_is_costed_as_its_serial_per_pixel_loop():
     assert nchw["analytic_time_s"] > 50 * nhwc["analytic_time_s"]
     # fewer than 16 channels keep the looping kernel even when channels-last
     assert up(1024, 8, 7, cl=True)["parallelism"] == 14 * 14
+
+
+def test_unfold_and_fold_launch_one_kernel_per_image():
+    """F.unfold / F.fold (im2col / col2im) loop over the batch on the host, one kernel per image
+    (VOLO's outlook attention, TNT's pixel embedding): N launch floors, so a batch of tiny images
+    costs far more than the bytes it moves."""
+    import torch
+    from torch import nn
+
+    from blink.cost import trace_features
+
+    class UnfoldFold(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            cols = nn.functional.unfold(x, kernel_size=3, padding=1)
+            return nn.functional.fold(cols, output_size=x.shape[-2:], kernel_size=3, padding=1)
+
+    def units(shape: tuple[int, ...]) -> dict[str, dict]:
+        with torch.device("meta"):
+            net = UnfoldFold()
+        t = blink.trace_model(net, input_shape=shape, gpu="RTX3090")
+        rows = trace_features(t, "RTX3090")
+        return {r["op"]: r for r in rows if r["op"] in ("aten::im2col", "aten::col2im")}
+
+    batched = units((256, 8, 14, 14))
+    assert set(batched) == {"aten::im2col", "aten::col2im"}
+    for r in batched.values():
+        assert r["kernels"] == 256
+        # 256 launches of a few-KB kernel: bound by launches, not by bytes
+        assert r["analytic_time_s"] > 20 * r["memory_time_s"]
+    one = units((1, 8, 14, 14))
+    assert all(r["kernels"] == 1 for r in one.values())
+    assert one["aten::im2col"]["analytic_time_s"] < batched["aten::im2col"]["analytic_time_s"] / 50

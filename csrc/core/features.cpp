@@ -916,6 +916,18 @@ Tiling f_upsample_bilinear(const Ctx& c, const Rule& r, UnitFeatures& f) {
   return serial_loop_tiling(pixels, 1024);
 }
 
+// im2col / col2im (F.unfold / F.fold; aten/src/ATen/native/cuda/Im2Col.cu, Col2Im.cu): the host
+// loops over the batch, input.select(0, elt) and one kernel launch per image, so a batched call
+// is N launches of per-image kernels (N launch floors), not one kernel over the batch. Bytes as
+// element-wise. Unbatched input (im2col 3-D, col2im 2-D): one launch.
+Tiling f_im2col(const Ctx& c, const Rule& r, UnitFeatures& f) {
+  const TensorInfo& x = need_tensor(c, 0, "input");
+  Tiling t = f_elementwise(c, r, f);
+  const size_t batched_rank = r.p0 == 0 ? 4 : 3;
+  if (x.sizes.size() == batched_rank) f.kernels = std::max<int64_t>(1, x.sizes[0]);
+  return t;
+}
+
 // Anything else: bytes from the tensor arguments, FLOPs per_elem * elements (0 for the
 // fallback).
 Tiling f_generic(const Ctx& c, const Rule& r, UnitFeatures& f) { return f_elementwise(c, r, f); }
@@ -1499,6 +1511,9 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       {"aten::_fused_sgd_", R(K::kOptimizer, f_fused_optimizer, 7, 0b101, -1)},
       // Adagrad: decay 2, sum += g^2 2, update sqrt/div/fma 4.
       {"aten::_fused_adagrad_", R(K::kOptimizer, f_fused_optimizer, 8, 0b101, 3)},
+      // Unfold / fold: one kernel launch per image (p0: 0 im2col, 1 col2im).
+      {"aten::im2col", R(K::kOther, f_im2col, 0.0, 0)},
+      {"aten::col2im", R(K::kOther, f_im2col, 0.0, 1)},
       // Bilinear upsampling forward (its NCHW kernel loops over N x C in every thread).
       {"aten::upsample_bilinear2d", R(K::kOther, f_upsample_bilinear)},
       // --- No kernel: views, metadata, allocation.

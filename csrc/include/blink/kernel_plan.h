@@ -44,11 +44,11 @@ inline constexpr double kEpilogueBytesPerClock = 64.0;
 // kernel's kDramEfficiency. Fitted on the public GEMM rows (NeuSight FP32 bmm + linear, DeepBench
 // GEMMs), one GPU chip held out at a time (benchmarks/gemm_dram_logo.py): NeuSight's batched
 // SGEMMs with K <= 32 reach 48-63% of DRAM bandwidth on all five of its GPUs, and the other
-// chips choose 0.55 for every held-out one (0.55-0.6 in the first pass that set 0.6); held-out
-// GEMM MAPE 19.7 -> 19.2% (blink evaluate), 19.0% at 0.55, not yet shipped. Tiled plans before
+// chips choose 0.55 for every held-out one (0.55-0.6 in the first pass, which shipped 0.6 until
+// 2026-12-04); held-out GEMM MAPE 19.7 -> 19.2% at 0.6 (blink evaluate). Tiled plans before
 // sm_90 only: Hopper's cuBLAS runs persistent warp-specialised kernels whose epilogue overlaps
 // the next tile's loads, and no public rows measure them; GEMV kernels stream like copies.
-inline constexpr double kGemmDramEfficiency = 0.6;
+inline constexpr double kGemmDramEfficiency = 0.55;
 // cuBLAS splits K only while each split keeps at least this much K (fewer steps than the
 // pipeline depth would not amortise the prologue), and at most 16 ways.
 inline constexpr double kSplitKMinK = 128.0;
