@@ -279,9 +279,16 @@ def test_model_level_correction_leaves_out_rows_beyond_its_bound(table):
     """A row measured more than e-fold off the analytic time changes nothing in the model-level
     correction's fit, however far off it is; the same row within the bound does."""
     ok = ML.fit_rows(table)
-    assert ok.any() and not ok.all()  # the EfficientFormerV2 rows of the public set
     y = np.log(table.measured_ms / table.analytic_ms)
+    assert ok.any()
     assert (np.abs(y[~ok]) > ML.FIT_LOG_BOUND).all() and (np.abs(y[ok]) <= ML.FIT_LOG_BOUND).all()
+    # the public set holds no such row since NCHW bilinear upsampling is costed as its loop (the
+    # EfficientFormerV2 rows were 3.6-4.7x off): one made 1.5 e-folds off is the only row left out
+    far = ML.table(table.rows)
+    far.measured_ms = far.measured_ms.copy()
+    far.measured_ms[0] = far.analytic_ms[0] * math.exp(1.5)
+    left = ~ML.fit_rows(far)
+    assert left[0] and left[1:].sum() == (~ok[1:]).sum()
     fam = table.family == table.family[0]
     train, test = ~fam, fam
 

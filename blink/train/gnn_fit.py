@@ -85,9 +85,10 @@ def in_clip(target: np.ndarray, clip: Any = None) -> np.ndarray:
 
     A graph whose measured time is more than e^1 = 2.7x off its timeline is not something a
     graph-level correction of overlap, launch gaps and cache effects explains: fitting it only
-    pulls the network to its clip on whatever the graph resembles. The public timm set has four
-    (EfficientFormerV2, measured 3.6-4.7x slower than the forests' timeline); with them in its
-    fit the GNN put LeViT, a held-out family the forests predict within 6%, 36% too slow. The
+    pulls the network to its clip on whatever the graph resembles. The public timm set had four
+    (EfficientFormerV2, measured 3.6-4.7x slower than the forests' timeline until its NCHW
+    bilinear upsampling was costed as the loop it runs; none today); with them in its fit the GNN
+    put LeViT, a held-out family the forests predict within 6%, 36% too slow. The
     bound is the clip the network was already built with, not tuned on the results."""
     lo, hi = (GNN_PARAMS["clip"] if clip is None else clip)
     t = np.asarray(target, dtype=np.float64)
