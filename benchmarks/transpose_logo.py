@@ -39,7 +39,6 @@ from blink.train import timm_cache as tc  # noqa: E402
 SHIPPED = float(_C.kPermutedCopySlowdown)
 GRID = [1.0 + 0.25 * i for i in range(9)]  # 1 .. 3
 assert SHIPPED in GRID, "add the shipped constant to GRID"
-LAYOUTS = LAYOUT_MODES
 warnings.filterwarnings("ignore", message="Mapping deprecated model name")
 
 
@@ -50,7 +49,7 @@ def _rows(limit: int | None) -> list[tuple[str, str, dict[str, tuple[float, floa
     for name, img, batch in keys[:limit]:
         got = {}
         try:
-            for lay, mode in LAYOUTS.items():
+            for lay, mode in LAYOUT_MODES.items():
                 t, _ = tc.build_model(name, int(batch), int(img), None, mode)
                 feats = trace_features(t, tc.GPU, allow_tf32_matmul=True, allow_tf32_cudnn=True,
                                        cudnn_benchmark=True)
@@ -71,10 +70,11 @@ def main() -> int:
     a = ap.parse_args()
     rows = _rows(a.models)
     fam = np.array([f for _, f, _ in rows])
-    arr = {lay: np.array([g[lay] for _, _, g in rows]) for lay in LAYOUTS}
-    meas = {lay: arr[lay][:, 0] for lay in LAYOUTS}
-    base = {lay: arr[lay][:, 1] - arr[lay][:, 2] for lay in LAYOUTS}  # units that do not gather
-    perm1 = {lay: arr[lay][:, 2] / SHIPPED for lay in LAYOUTS}  # permuted units at f = 1
+    arr = {lay: np.array([g[lay] for _, _, g in rows]) for lay in LAYOUT_MODES}
+    meas = {lay: arr[lay][:, 0] for lay in LAYOUT_MODES}
+    # units that do not gather
+    base = {lay: arr[lay][:, 1] - arr[lay][:, 2] for lay in LAYOUT_MODES}
+    perm1 = {lay: arr[lay][:, 2] / SHIPPED for lay in LAYOUT_MODES}  # permuted units at f = 1
 
     def pred(lay: str, f: float) -> np.ndarray:
         return base[lay] + f * perm1[lay]
@@ -109,7 +109,7 @@ def main() -> int:
               f"{ape(speedup(SHIPPED)[m], ms[m]):8.2f}")
     print(f"\n{'analytic, per layout':<28} {'MAPE f=1':>9} {'shipped':>8} "
           f"{'std log(p/m) f=1':>17} {'shipped':>8}")
-    for lay in LAYOUTS:
+    for lay in LAYOUT_MODES:
         p1, ps = pred(lay, 1.0), pred(lay, SHIPPED)
         print(f"  {lay:<26} {ape(p1, meas[lay]):9.2f} {ape(ps, meas[lay]):8.2f} "
               f"{np.std(np.log(p1 / meas[lay])):17.4f} {np.std(np.log(ps / meas[lay])):8.4f}")

@@ -4,9 +4,10 @@ PyTorch's looping NCHW bilinear-upsampling kernel.
     .venv/bin/python benchmarks/upsample_loop.py
 
 Data: the public timm RTX 3090 AMP inference times (shared/data/public/timm-rtx3090, both
-layouts) of the models whose traces hold an aten::upsample_bilinear2d on the looping path:
-EfficientFormerV2 (its stride-2 attention upsamples 7x7 -> 14x14 over 1024 channels). These
-rows motivated the rule, so this is a consistency check, not a held-out result.
+layouts, as blink's timm caches in data/derived hold them) of the models whose traces hold an
+aten::upsample_bilinear2d on the looping path: EfficientFormerV2 (its stride-2 attention
+upsamples 7x7 -> 14x14 over 1024 channels). These rows motivated the rule, so this is a
+consistency check, not a held-out result.
 
 Per row: the measured time, blink's analytic time without the loop bound (the upsampling
 costed as streaming its bytes, as before the rule) and with it, and the time per loop step the
@@ -28,7 +29,6 @@ sys.path.insert(0, str(REPO))
 from blink import _C, hardware  # noqa: E402
 from blink.cost import trace_features  # noqa: E402
 from blink.train import timm_cache as tc  # noqa: E402
-from blink.train.data import public_root  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Mapping deprecated model name")
 OP = "aten::upsample_bilinear2d"
@@ -36,20 +36,16 @@ FAMILY = "efficientformerv2"
 
 
 def _measured(mode: str) -> dict[str, tuple[int, int, float]]:
-    """model -> (img, batch, measured ms) of `mode`'s benchmark file, FAMILY only."""
-    src = tc.MODES[mode]
-    rows = tc.read_benchmark(public_root(None) / "timm-rtx3090" / src.file)
-    p = src.prefix
-    return {r["model"]: (int(r[f"{p}_img_size"]), int(r[f"{p}_batch_size"]),
-                         float(r[f"{p}_step_time"]))
-            for r in rows if r["model"].startswith(FAMILY)}
+    """model -> (img, batch, measured ms) of FAMILY in `mode`'s timm cache."""
+    return {r["model"]: (int(r["img_size"]), int(r["batch"]), float(r["measured_ms"]))
+            for r in tc.load_cache(mode=mode) if r["model"].startswith(FAMILY)}
 
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     gpu = hardware.get_gpu(tc.GPU)
-    # kDramEfficiency: the rule-free, streaming cost of the upsampling bytes
-    stream_bw = gpu.memory_bandwidth_bytes_per_s * 0.85
+    # the rule-free, streaming cost of the upsampling bytes
+    stream_bw = gpu.memory_bandwidth_bytes_per_s * float(_C.kDramEfficiency)
     step = float(_C.kSerialLoopIterationS)
     print(f"kSerialLoopIterationS = {step * 1e9:.0f} ns; RTX 3090 AMP inference, batch as "
           "benchmarked")

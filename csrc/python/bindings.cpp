@@ -432,6 +432,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Cost constants the power-rule fits read back (benchmarks/sustained_logo.py), so no script
   // keeps a copy that can go stale.
   m.attr("kSimtGemmBaseEfficiency") = kSimtGemmBaseEfficiency;
+  m.attr("kDramEfficiency") = kDramEfficiency;
   m.attr("kGemmDramEfficiency") = kGemmDramEfficiency;
   m.attr("kPermutedCopySlowdown") = kPermutedCopySlowdown;
   m.attr("kSerialLoopIterationS") = kSerialLoopIterationS;
