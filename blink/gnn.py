@@ -11,6 +11,7 @@ tensors are a GnnEnsemble's state_dict: "members.<k>.<UnitGNN tensor>".
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from typing import Any
@@ -23,7 +24,14 @@ from ._ext import load
 _C = load()
 
 FORMAT = "blink.gnn"
-FORMAT_VERSION = 2  # 2: a seed ensemble (members); 1 held one network
+# 3: a time-weighted per-unit correction (node_head) beside the pooled head; 2: a seed ensemble
+# (members); 1 held one network.
+FORMAT_VERSION = 3
+# The node feature that carries the unit's time (log1p of microseconds): the per-unit
+# corrections are weighted by it.
+TIME_FEATURE = "log_time_us"
+# Smallest weight a unit gets (microseconds), so a graph of zero-time units still has weights.
+MIN_UNIT_US = 1e-6
 
 
 def node_feature_names() -> list[str]:
@@ -49,7 +57,15 @@ def unit_graph(t: Any, gpu: Any, *, models: Any = None, allow_tf32_matmul: bool 
 
 class UnitGNN(nn.Module):
     """h0 = relu(W_in x~ + b); h <- relu(S h + b + A mean_in(h) + B mean_out(h)) per layer;
-    c = clip(head(relu(W_r [mean h, max h, g~] + b_r))), x~ and g~ normalised by buffers."""
+    c = clip(head(relu(W_r [mean h, max h, g~] + b_r)) + log(sum_v t_v exp(u_v) / sum_v t_v)),
+    u_v = node_head(h_v), t_v the unit's time (max(expm1(x[log_time_us]), MIN_UNIT_US)), x~ and
+    g~ normalised by buffers.
+
+    The second term is a per-unit log correction averaged over the units' share of the summed
+    unit time: what a model's time is made of decides how much each unit's correction counts.
+    With mean / max pooling alone the network sees a unit's time only as one input among many,
+    so it learnt one model-wide shrink and applied it to models whose time sits in units the
+    analytic model already gets right (element-wise-heavy VOLO, Swin V2, CaiT)."""
 
     def __init__(self, hidden: int = 32, layers: int = 2, clip: tuple[float, float] = (-1.0, 1.0)):
         super().__init__()
@@ -69,6 +85,8 @@ class UnitGNN(nn.Module):
             self.layers.append(layer)
         self.readout = nn.Linear(2 * hidden + ng, hidden)
         self.head = nn.Linear(hidden, 1)
+        self.node_head = nn.Linear(hidden, 1)
+        self.time_index = node_feature_names().index(TIME_FEATURE)
 
     def forward(self, x: torch.Tensor, edges: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 0:
@@ -98,6 +116,14 @@ class UnitGNN(nn.Module):
             0, seg[:, None].expand(-1, h.shape[1]), h, reduce="amax", include_self=True)
         r = torch.cat([mean, mx, (g - self.graph_mean) / self.graph_std], dim=1)
         c = self.head(torch.relu(self.readout(r)))[:, 0]
+        # log(sum t exp(u) / sum t) per graph, shifted by the graph's max u (no overflow).
+        u = self.node_head(h)[:, 0]
+        t = torch.expm1(x[:, self.time_index]).clamp(min=MIN_UNIT_US)
+        umax = torch.full((b,), -math.inf, dtype=x.dtype).scatter_reduce(
+            0, seg, u, reduce="amax", include_self=True)
+        num = torch.zeros(b, dtype=x.dtype).index_add_(0, seg, t * torch.exp(u - umax[seg]))
+        den = torch.zeros(b, dtype=x.dtype).index_add_(0, seg, t)
+        c = c + umax + torch.log(num / den)
         return c.clamp(self.clip[0], self.clip[1])
 
     def forward_graph(self, graph: dict[str, Any]) -> torch.Tensor:

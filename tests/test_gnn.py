@@ -120,11 +120,11 @@ def test_ensemble_forward_is_the_members_mean(graphs, tmp_path):
         assert native.forward_member(k, graph) == pytest.approx(v, rel=1e-5, abs=1e-5)
     assert native.forward(graph) == pytest.approx(ref, rel=1e-5, abs=1e-5)
     # each member is clipped before the mean (a narrow clip that binds some members only)
-    tight = [_random_net(graph, s, hidden=12, layers=2, clip=(-0.3, 0.3)) for s in (4, 5, 6)]
+    tight = [_random_net(graph, s, hidden=12, layers=2, clip=(-0.1, 0.1)) for s in (4, 5, 6)]
     gnn.save(gnn.GnnEnsemble(tight), tmp_path / "t.safetensors", dtype=torch.float64)
     with torch.no_grad():
         clipped = [float(n.forward_graph(graph)) for n in tight]
-    assert 0.3 in [abs(v) for v in clipped] and min(abs(v) for v in clipped) < 0.3
+    assert 0.1 in [abs(v) for v in clipped] and min(abs(v) for v in clipped) < 0.1
     assert gnn.load_native(tmp_path / "t.safetensors").forward(graph) == pytest.approx(
         sum(clipped) / 3, rel=1e-5, abs=1e-5)
     with pytest.raises(blink.BlinkError, match="member 3 of 3"):
@@ -154,6 +154,44 @@ def test_random_graphs_and_clip(tmp_path):
     with pytest.raises(blink.BlinkError, match="names a node outside"):
         gnn.load_native(tmp_path / "c.safetensors").forward(
             {"x": np.zeros((2, nf)), "edges": [[0, 2]], "g": [0.0] * ng})
+
+
+def test_unit_corrections_count_by_their_share_of_the_unit_time(graphs, tmp_path):
+    """The per-unit term: with the pooled head silenced and node corrections u = A on the
+    convolutions, B elsewhere, the correction is log((T_conv e^A + T_rest e^B) / T), T the unit
+    times the graph carries, in C++ as in PyTorch; a uniform u = A gives exactly A."""
+    _t, graph = graphs["resnet18-inference"]
+    x = np.asarray(graph["x"])
+    names = gnn.node_feature_names()
+    # units without a kernel (views) weigh MIN_UNIT_US
+    times = np.maximum(np.expm1(x[:, names.index("log_time_us")]), gnn.MIN_UNIT_US)
+    conv = x[:, names.index("kind_conv")] == 1.0
+    assert 0.2 < times[conv].sum() / times.sum() < 0.99
+    m = gnn.UnitGNN(hidden=4, layers=0, clip=(-5.0, 5.0)).double()
+    a, b = 0.7, -0.4
+    with torch.no_grad():
+        for p in m.parameters():
+            p.zero_()
+        m.node_std.fill_(1.0)
+        m.graph_std.fill_(1.0)
+        # h = relu(kind_conv), 1 on convolutions, 0 elsewhere; u = (a - b) h + b
+        m.inp.weight[0, names.index("kind_conv")] = 1.0
+        m.node_head.weight[0, 0] = a - b
+        m.node_head.bias.fill_(b)
+    want = math.log((times[conv].sum() * math.exp(a) + times[~conv].sum() * math.exp(b))
+                    / times.sum())
+    gnn.save(m, tmp_path / "w.safetensors", dtype=torch.float64)
+    with torch.no_grad():
+        assert float(m.forward_graph(graph)) == pytest.approx(want, rel=1e-9)
+    assert gnn.load_native(tmp_path / "w.safetensors").forward(graph) == pytest.approx(
+        want, rel=1e-9)
+    # not the unweighted mean of the units' corrections
+    assert abs(want - (a * conv.mean() + b * (1 - conv.mean()))) > 0.05
+    with torch.no_grad():
+        m.node_head.weight.zero_()
+        m.node_head.bias.fill_(a)
+    gnn.save(m, tmp_path / "u.safetensors", dtype=torch.float64)
+    assert gnn.load_native(tmp_path / "u.safetensors").forward(graph) == pytest.approx(a, abs=1e-12)
 
 
 def _header(path: Path) -> tuple[dict, bytes]:
@@ -190,6 +228,7 @@ def _drop(name):
 
 BAD = [
     ("version", _meta("format_version", "1"), "format_version 1"),
+    ("version_2", _meta("format_version", "2"), "format_version 2; this build reads version 3"),
     ("format", _meta("format", "other"), "format is not \"blink.gnn\""),
     ("schema", _meta("node_features", json.dumps(["a"])), "feature names differ"),
     ("hidden", _meta("hidden", "12"), "has shape [24, 22], the config implies [12, 22]"),
@@ -199,6 +238,8 @@ BAD = [
     ("offsets", _tensor("members.0.head.bias", "data_offsets", [0, 10 ** 9]), "do not span"),
     ("missing", _drop("members.0.readout.weight"),
      "tensor \"members.0.readout.weight\" is missing"),
+    ("no_node_head", _drop("members.0.node_head.weight"),
+     "tensor \"members.0.node_head.weight\" is missing"),
     ("truncated", lambda h, d: (h, d[: len(d) // 2]), "past the end of the file"),
 ]
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <unordered_map>
 
 #include "blink/error.h"
@@ -14,6 +15,7 @@ namespace {
 
 constexpr int kNumKinds = static_cast<int>(UnitKind::kOther) + 1;
 constexpr int kNodeScalars = 10;  // node features before the kind one-hot
+constexpr size_t kGnnTimeFeature = 0;  // "log_time_us": log1p of the unit's time in microseconds
 
 double log1p_pos(double v) { return std::log1p(std::max(v, 0.0)); }
 
@@ -53,7 +55,7 @@ UnitGraph build_unit_graph(const TraceData& trace, const TraceCost& cost, const 
     double* row = &out.x[i * nf];
     const double analytic = lr != nullptr ? lr->analytic_s[i] : u.time_s;
     const double q = lr != nullptr && std::isfinite(lr->log_ratio[i]) ? lr->log_ratio[i] : 0.0;
-    row[0] = log1p_pos(u.time_s * 1e6);
+    row[kGnnTimeFeature] = log1p_pos(u.time_s * 1e6);
     row[1] = log1p_pos(analytic * 1e6);
     row[2] = q;
     row[3] = lr != nullptr && std::isfinite(lr->log_ratio[i]) ? 1.0 : 0.0;
@@ -150,7 +152,7 @@ double Gnn::forward_member(size_t member, const UnitGraph& graph) const {
                                            " of " + std::to_string(members.size()));
   const GnnNet& net = members[member];
   const auto& [node_mean, node_std, graph_mean, graph_std, in_w, in_b, layers, readout_w,
-               readout_b, head_w, head_b] = net;
+               readout_b, head_w, head_b, node_head_w, node_head_b] = net;
   const size_t n = static_cast<size_t>(graph.num_nodes);
   const size_t nf = node_mean.size(), ng = graph_mean.size(), h = static_cast<size_t>(hidden);
   BLINK_CHECK(graph.x.size() == n * nf && graph.g.size() == ng && graph.src.size() == graph.dst.size(),
@@ -209,6 +211,23 @@ double Gnn::forward_member(size_t member, const UnitGraph& graph) const {
   affine(readout_w, readout_b.data(), r.data(), h, r.size(), tmp.data());
   double c = head_b;
   for (size_t j = 0; j < h; ++j) c += head_w[j] * std::max(tmp[j], 0.0);
+  // Per-unit corrections u, weighted by the units' times: log(sum t e^u / sum t), shifted by
+  // max u so that no exponential overflows (as blink/gnn.py computes it).
+  std::vector<double> u(n);
+  double umax = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < n; ++i) {
+    double a = node_head_b;
+    for (size_t j = 0; j < h; ++j) a += node_head_w[j] * hs[i * h + j];
+    u[i] = a;
+    umax = std::max(umax, a);
+  }
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double t = std::max(std::expm1(graph.x[i * nf + kGnnTimeFeature]), kGnnMinUnitUs);
+    num += t * std::exp(u[i] - umax);
+    den += t;
+  }
+  c += umax + std::log(num / den);
   if (!std::isfinite(c)) return 0.0;
   return std::min(std::max(c, clip_lo), clip_hi);
 }
@@ -377,6 +396,8 @@ Gnn parse_gnn(const std::string& bytes, const std::string& source) {
       net.readout_b = r.tensor(m + "readout.bias", {h});
       net.head_w = r.tensor(m + "head.weight", {1, h});
       net.head_b = r.tensor(m + "head.bias", {1})[0];
+      net.node_head_w = r.tensor(m + "node_head.weight", {1, h});
+      net.node_head_b = r.tensor(m + "node_head.bias", {1})[0];
       g.members.push_back(std::move(net));
     }
   } catch (const Error& e) {

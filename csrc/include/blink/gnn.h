@@ -12,9 +12,13 @@
 //   h0 = relu(W_in x + b_in)
 //   h_{l+1} = relu(S_l h_l + b_l + A_l mean_{u->v} h_l[u] + B_l mean_{v->w} h_l[w])
 //   r = [mean_v h_L, max_v h_L, (g - g_mean) / g_std]
-//   c = clip(w_head . relu(W_r r + b_r) + b_head, clip_lo, clip_hi)
+//   u_v = w_node . h_L[v] + b_node                  (a per-unit log correction)
+//   t_v = max(expm1(x[v][log_time_us]), kGnnMinUnitUs)   (the unit's time, microseconds)
+//   c = clip(w_head . relu(W_r r + b_r) + b_head + log(sum_v t_v exp(u_v) / sum_v t_v),
+//            clip_lo, clip_hi)
 // averaged over the ensemble's K networks, and end_to_end *= exp(mean c). An empty graph
-// gives c = 0.
+// gives c = 0. The time-weighted term lets each unit's correction count by its share of the
+// model's unit time (blink/gnn.py says why).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,7 +30,9 @@
 
 namespace blink {
 
-inline constexpr int kGnnFormatVersion = 2;
+inline constexpr int kGnnFormatVersion = 3;
+// The smallest time a unit weighs in the per-unit term (microseconds).
+inline constexpr double kGnnMinUnitUs = 1e-6;
 
 const std::vector<std::string>& gnn_node_feature_names();
 const std::vector<std::string>& gnn_graph_feature_names();
@@ -57,6 +63,8 @@ struct GnnNet {
   std::vector<double> readout_w, readout_b;  // (2H + G) x H, H
   std::vector<double> head_w;                // H
   double head_b = 0.0;
+  std::vector<double> node_head_w;           // H
+  double node_head_b = 0.0;
 };
 
 // K networks of one configuration, trained from different seeds; their clipped corrections are
@@ -73,7 +81,7 @@ struct Gnn {
   double forward_member(size_t member, const UnitGraph& graph) const;
 };
 
-// Parses a safetensors file's bytes: header metadata format "blink.gnn", format_version 2,
+// Parses a safetensors file's bytes: header metadata format "blink.gnn", format_version 3,
 // members (K, 1..16), hidden, layers, clip and the node / graph feature names (which must
 // equal this build's); tensors "members.<k>.<name>" (PyTorch's state_dict names of
 // blink.gnn.GnnEnsemble), each F32 or F64 with the shape the config implies and offsets
