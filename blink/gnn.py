@@ -67,8 +67,12 @@ class UnitGNN(nn.Module):
     so it learnt one model-wide shrink and applied it to models whose time sits in units the
     analytic model already gets right (element-wise-heavy VOLO, Swin V2, CaiT)."""
 
-    def __init__(self, hidden: int = 32, layers: int = 2, clip: tuple[float, float] = (-1.0, 1.0)):
+    def __init__(self, hidden: int = 32, layers: int = 2, clip: tuple[float, float] = (-1.0, 1.0),
+                 unit_term: bool = True):
         super().__init__()
+        # unit_term=False drops the per-unit term (the pooled head alone, format 2's network):
+        # for the ablation in benchmarks/gnn_readout.py only; save() refuses it.
+        self.unit_term = bool(unit_term)
         nf, ng = len(node_feature_names()), len(graph_feature_names())
         self.hidden, self.clip = hidden, (float(clip[0]), float(clip[1]))
         self.register_buffer("node_mean", torch.zeros(nf))
@@ -116,6 +120,8 @@ class UnitGNN(nn.Module):
             0, seg[:, None].expand(-1, h.shape[1]), h, reduce="amax", include_self=True)
         r = torch.cat([mean, mx, (g - self.graph_mean) / self.graph_std], dim=1)
         c = self.head(torch.relu(self.readout(r)))[:, 0]
+        if not self.unit_term:
+            return c.clamp(self.clip[0], self.clip[1])
         # log(sum t exp(u) / sum t) per graph, shifted by the graph's max u (no overflow).
         u = self.node_head(h)[:, 0]
         t = torch.expm1(x[:, self.time_index]).clamp(min=MIN_UNIT_US)
@@ -144,8 +150,10 @@ class GnnEnsemble(nn.Module):
             raise ValueError("a GnnEnsemble needs at least one member")
         first = members[0]
         for m in members[1:]:
-            if (m.hidden, len(m.layers), m.clip) != (first.hidden, len(first.layers), first.clip):
-                raise ValueError("the members of a GnnEnsemble must share hidden, layers, clip")
+            if ((m.hidden, len(m.layers), m.clip, m.unit_term)
+                    != (first.hidden, len(first.layers), first.clip, first.unit_term)):
+                raise ValueError("the members of a GnnEnsemble must share hidden, layers, clip, "
+                                 "unit_term")
         self.members = nn.ModuleList(members)
         self.hidden, self.clip = first.hidden, first.clip
 
@@ -179,6 +187,9 @@ def save(model: UnitGNN | GnnEnsemble, path: str | os.PathLike[str],
     if dtype not in _ST_DTYPES:
         raise ValueError(f"dtype {dtype} is not one of {', '.join(map(str, _ST_DTYPES))}")
     ens = model if isinstance(model, GnnEnsemble) else GnnEnsemble([model])
+    if not ens.members[0].unit_term:
+        raise ValueError("a network without the per-unit term (unit_term=False) is an ablation: "
+                         "the C++ forward always applies that term, so it cannot be saved")
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in ens.state_dict().items()}
     meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
             "members": str(len(ens.members)),

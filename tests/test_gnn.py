@@ -194,6 +194,25 @@ def test_unit_corrections_count_by_their_share_of_the_unit_time(graphs, tmp_path
     assert gnn.load_native(tmp_path / "u.safetensors").forward(graph) == pytest.approx(a, abs=1e-12)
 
 
+def test_ablation_without_the_unit_term_is_the_pooled_head_and_cannot_be_saved(graphs, tmp_path):
+    """unit_term=False (benchmarks/gnn_readout.py's baseline) answers the pooled head alone: the
+    same weights with a zero per-unit correction give the same value, a non-zero one another;
+    save() refuses it, since the C++ forward always applies the term."""
+    _t, graph = graphs["gpt2-train"]
+    full = _random_net(graph, 3, hidden=8)
+    pooled = gnn.UnitGNN(hidden=8, layers=2, clip=full.clip, unit_term=False).double()
+    pooled.load_state_dict(full.state_dict())
+    with torch.no_grad():
+        a, b = float(full.forward_graph(graph)), float(pooled.forward_graph(graph))
+        assert abs(a - b) > 1e-3
+        full.node_head.weight.zero_()
+        full.node_head.bias.zero_()
+        assert float(full.forward_graph(graph)) == pytest.approx(b, abs=1e-12)
+    with pytest.raises(ValueError, match="unit_term=False"):
+        gnn.save(pooled, tmp_path / "p.safetensors")
+    assert not (tmp_path / "p.safetensors").exists()
+
+
 def _header(path: Path) -> tuple[dict, bytes]:
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]

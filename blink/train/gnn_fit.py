@@ -123,7 +123,10 @@ def _fit_one(gs: GraphSet, variant: str, target: np.ndarray, train: np.ndarray,
     torch.set_num_threads(1)
     try:
         torch.manual_seed(seed)
-        net = UnitGNN(hidden=p["hidden"], layers=p["layers"], clip=tuple(p["clip"]))
+        # params "unit_term": False drops the readout's per-unit term (blink.gnn.UnitGNN), for
+        # the ablation in benchmarks/gnn_readout.py only: such a network cannot be saved.
+        net = UnitGNN(hidden=p["hidden"], layers=p["layers"], clip=tuple(p["clip"]),
+                      unit_term=bool(p.get("unit_term", True)))
         idx = np.flatnonzero(train)
         rows = np.concatenate([np.arange(gs.node_offsets[i], gs.node_offsets[i + 1])
                                for i in idx])
