@@ -61,11 +61,10 @@ class UnitGNN(nn.Module):
     u_v = node_head(h_v), t_v the unit's time (max(expm1(x[log_time_us]), MIN_UNIT_US)), x~ and
     g~ normalised by buffers.
 
-    The second term is a per-unit log correction averaged over the units' share of the summed
-    unit time: what a model's time is made of decides how much each unit's correction counts.
-    With mean / max pooling alone the network sees a unit's time only as one input among many,
-    so it learnt one model-wide shrink and applied it to models whose time sits in units the
-    analytic model already gets right (element-wise-heavy VOLO, Swin V2, CaiT)."""
+    The second term is a per-unit log correction averaged over the units' shares of the summed
+    unit time, so each unit's correction counts by how much of the model's time it is. With mean
+    / max pooling alone the network sees a unit's time only as one input among many and learns
+    mostly one model-wide shrink. Its held-out effect: benchmarks/gnn_readout.py."""
 
     def __init__(self, hidden: int = 32, layers: int = 2, clip: tuple[float, float] = (-1.0, 1.0),
                  unit_term: bool = True):
