@@ -23,6 +23,7 @@ import multiprocessing as mp
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,13 +45,23 @@ def _table() -> ml.ModelTable:
     return ml.table(kept)
 
 
+_DATA: dict[str, Any] = {}  # this process's model table, graphs and folds, loaded once
+
+
+def _data() -> dict[str, Any]:
+    if not _DATA:
+        mt = _table()
+        gs = load_graphs(default_graphs_path())
+        _DATA.update(mt=mt, gs=gs, gi=gnn_fit.align(gs, mt.model, mt.batch, mt.img_size),
+                     folds=group_folds(mt.family, FOLDS))
+    return _DATA
+
+
 def _oof(job: tuple[str, int, bool]) -> np.ndarray:
     """Held-out GNN predictions (ms) per row of the model table for one (variant, seed, term)."""
     variant, seed, unit_term = job
-    mt = _table()
-    gs = load_graphs(default_graphs_path())
-    gi = gnn_fit.align(gs, mt.model, mt.batch, mt.img_size)
-    return gnn_fit.oof(gs, variant, gi, mt.measured_ms, group_folds(mt.family, FOLDS),
+    d = _data()
+    return gnn_fit.oof(d["gs"], variant, d["gi"], d["mt"].measured_ms, d["folds"],
                        params={"seed": seed, "unit_term": unit_term})
 
 

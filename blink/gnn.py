@@ -30,8 +30,9 @@ FORMAT_VERSION = 3
 # The node feature that carries the unit's time (log1p of microseconds): the per-unit
 # corrections are weighted by it.
 TIME_FEATURE = "log_time_us"
-# Smallest weight a unit gets (microseconds), so a graph of zero-time units still has weights.
-MIN_UNIT_US = 1e-6
+# Smallest weight a unit gets (microseconds), so a graph of zero-time units still has weights:
+# the C++ forward's constant (csrc/include/blink/gnn.h).
+MIN_UNIT_US = float(_C.kGnnMinUnitUs)
 
 
 def node_feature_names() -> list[str]:

@@ -436,6 +436,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("kGemmDramEfficiency") = kGemmDramEfficiency;
   m.attr("kPermutedCopySlowdown") = kPermutedCopySlowdown;
   m.attr("kSerialLoopIterationS") = kSerialLoopIterationS;
+  m.attr("kGnnMinUnitUs") = kGnnMinUnitUs;
   m.attr("kConvSimtPowerFraction") = kConvSimtPowerFraction;
   // blink::Error arrives in Python as blink._C.Error, a subclass of blink.errors.BlinkError.
   py::object base = py::module_::import("blink.errors").attr("BlinkError");
