@@ -288,6 +288,32 @@ def test_layer_norm_rows_and_bytes():
     assert f["bytes_written"] == 32 * 128 * 768 * 2 + 2 * 32 * 128 * 4
 
 
+@pytest.mark.parametrize("op", ["aten::cudnn_batch_norm", "aten::native_batch_norm"])
+def test_inference_batch_norm_streams_like_an_elementwise_op(op):
+    """Eval-mode batch norm is one per-element affine kernel over every element (ATen's
+    batch_norm_elementwise, cuDNN's bn_fw_inf_1C11_kernel_NCHW), not a CTA per channel: a
+    16-channel layer streams as fast as a 512-channel one of the same size, and as fast as a
+    per-channel multiply over the same bytes. Training mode adds the per-channel statistics
+    kernel."""
+    def bn(c, training):
+        x = t((64, c, 8192 // c, 32), F16)
+        p = [t((c,), F32) for _ in range(4)]
+        outs = [t((64, c, 8192 // c, 32), F16)] + [t((c,), F32)] * 2
+        outs += [t((0,), U8)] if op == "aten::cudnn_batch_norm" else []
+        args = [x, *p, b(training), d(0.1), d(1e-5)]
+        return feats(op, args, outs)
+
+    narrow, wide = bn(16, False), bn(512, False)
+    assert kind(narrow) == "norm" and narrow["kernels"] == 1
+    assert narrow["numel"] == wide["numel"] == 64 * 8192 * 32
+    assert narrow["analytic_time_s"] == pytest.approx(wide["analytic_time_s"], rel=0.02)
+    x, y = t((64, 16, 512, 32), F16), t((64, 16, 512, 32), F16)
+    mul = feats("aten::mul.Tensor", [x, t((16, 1, 1), F16)], [y])
+    assert narrow["analytic_time_s"] == pytest.approx(mul["analytic_time_s"], rel=0.05)
+    train = bn(16, True)
+    assert train["kernels"] == 2 and train["analytic_time_s"] > 1.5 * narrow["analytic_time_s"]
+
+
 def test_softmax_rows():
     x = t((8, 12, 512, 256), F16)
     f = feats("aten::_softmax", [x, i(-1), b(False)], [t((8, 12, 512, 256), F16)])
