@@ -26,6 +26,7 @@ import numpy as np
 
 from blink.hardware import get_gpu
 from blink.train.data import load_units, public_root, tables_by_kind
+from blink.train.fit import metrics
 
 EDGES_US = [0, 30, 100, 300, 1000, 3000, 10000, 30000, math.inf]
 BOARDS = ["P4", "T4", "P100", "V100-PCIe", "A100-PCIe-40GB"]
@@ -34,7 +35,7 @@ GAPS_S = [0.0, 1e-5, 3e-5, 1e-4, 2e-4, 3e-4, 5e-4, 1e-3, 2e-3]
 
 
 def _mape(pred: np.ndarray, meas: np.ndarray) -> float:
-    return float(np.mean(np.abs(pred / meas - 1.0)) * 100.0)
+    return metrics(pred, meas)["mape"]
 
 
 def duty_cycle_time(ana: np.ndarray, bound: np.ndarray, ratio: float, scale: float,

@@ -603,18 +603,21 @@ Tiling f_norm(const Ctx& c, const Rule& r, UnitFeatures& f) {
   f.bytes_read = read_bytes(c);
   count_writes(c, f, -1);
   f.dtype = x.dtype;
-  // Two passes over the input: layer / RMS norm's vectorized_layer_norm_kernel computes the
-  // row's Welford statistics, then re-reads the row to normalise (layer_norm_kernel.cu); batch
-  // norm in training and group norm run a statistics kernel then an element-wise transform
-  // that reads the input again (Normalization.cuh, group_norm_kernel.cu); the backwards reduce
-  // (dy, x) first and re-read them for dx. Inference batch norm is one element-wise pass.
-  f.input_passes = r.p0 == 1 && f.kernels <= 1 ? 1.0 : 2.0;
-  // Inference batch norm is a per-element affine transform with per-channel constants, launched
+  // Inference batch norm is one per-element affine pass with per-channel constants, launched
   // over every element, not a CTA per channel: ATen's batch_norm_elementwise (Normalization.cu,
   // a TensorIterator kernel) and cuDNN's bn_fw_inf_1C11_kernel_NCHW. Costed as a row per channel
   // it got C CTAs, i.e. a small fraction of DRAM bandwidth for the 16-40-channel layers of
   // mobile nets (3x its streaming time at C = 16).
-  if (r.p0 == 1 && f.kernels <= 1) return elementwise_tiling(static_cast<double>(total));
+  if (r.p0 == 1 && f.kernels <= 1) {
+    f.input_passes = 1.0;
+    return elementwise_tiling(static_cast<double>(total));
+  }
+  // Two passes over the input: layer / RMS norm's vectorized_layer_norm_kernel computes the
+  // row's Welford statistics, then re-reads the row to normalise (layer_norm_kernel.cu); batch
+  // norm in training and group norm run a statistics kernel then an element-wise transform
+  // that reads the input again (Normalization.cuh, group_norm_kernel.cu); the backwards reduce
+  // (dy, x) first and re-read them for dx.
+  f.input_passes = 2.0;
   return rowwise_tiling();
 }
 
