@@ -325,6 +325,22 @@ def test_linear_with_a_bias_has_no_gemv_path():
     assert plain["analytic_time_s"] >= m * k * 4 / bw("A100-40GB")
 
 
+def test_small_output_long_reduction_gemv_splits_k_over_the_gpu():
+    # The weight gradient of a 4-feature linear layer over every token (CaiT's talking-heads
+    # projections: (4, T) x (T, 4), T ~ 10^7) has one CTA's worth of output rows; cuBLAS splits
+    # the reduction across the SMs, so the kernel streams its two operands at DRAM speed instead
+    # of leaving one SM to read them (8 ms for this shape when costed so, 48x its bytes' time).
+    t = 9_900_000
+    f = mm(4, t, 4, dt=F16, gpu="RTX3090")
+    stream_s = 2 * t * 4 * 2 / bw("RTX3090")  # both fp16 operands read once
+    assert stream_s <= f["analytic_time_s"] < 1.6 * stream_s
+    assert f["split_k"] > 1 and f["tiles"] >= get_gpu("RTX3090").sm_count
+    # a GEMV whose output rows already give every SM a CTA (a decode-time projection) and a
+    # short reduction keep one pass over K
+    assert mm(1, 4096, 4096, dt=F16, gpu="RTX3090")["split_k"] == 1
+    assert mm(4, 2048, 4, dt=F16, gpu="RTX3090")["split_k"] == 1
+
+
 def test_fp32_batched_gemms_with_a_small_side_match_neusight():
     # The public NeuSight FP32 bmm rows (PyTorch 2.1) as kernel times (blink.train's view: the
     # per-call event floor taken off), per GPU: measured over analytic for the rows with N < 64

@@ -158,7 +158,22 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
                      (peak_flops_for(MathMode::kFp32Simt, 6, g) * kGemvComputeEfficiency);
     best.tile_m = std::min<int64_t>(static_cast<int64_t>(m), p.gemv_max_dim);
     best.tile_n = std::min<int64_t>(static_cast<int64_t>(n), p.gemv_max_dim);
-    best.ctas = static_cast<int64_t>(std::max(1.0, ceil_div(std::max(m, n) * batch, 32.0)));
+    // One CTA per 32 output rows streams its slice of the big operand. When the output is too
+    // small to give every SM a CTA but K is long (a weight gradient of a few-feature layer: an
+    // (n, K) x (K, n) product over every token, CaiT's talking-heads projections), cuBLAS splits
+    // the reduction across CTAs (split-K GEMV / small-N kernels with a reduce of the few
+    // partial sums) rather than leave one SM to read the whole operand.
+    const double row_ctas = std::max(1.0, ceil_div(std::max(m, n) * batch, 32.0));
+    double split = 1.0;
+    if (row_ctas < sms && k > kGemvSplitMinK) {
+      split = std::min(ceil_div(sms, row_ctas), ceil_div(k, kGemvSplitMinK));
+    }
+    best.ctas = static_cast<int64_t>(row_ctas * split);
+    best.split_k = static_cast<int64_t>(split);
+    if (split > 1.0) {
+      best.aux_bytes = 2.0 * split * m * n * batch * 4.0;  // fp32 partials, written and re-read
+      best.aux_kernels = 1;
+    }
     best.ctas_per_sm = 8;
     best.waves = static_cast<int64_t>(ceil_div(static_cast<double>(best.ctas), sms * 8.0));
     return best;

@@ -67,6 +67,10 @@ inline constexpr int64_t kGemvMaxDim = 8;
 inline constexpr int64_t kConvGemvMaxDim = 4;
 // GEMV / skinny kernels: arithmetic at half of the FMA rate (dot-product reductions, shuffles).
 inline constexpr double kGemvComputeEfficiency = 0.5;
+// A GEMV / small-N kernel whose output rows give fewer CTAs than the GPU has SMs splits K into
+// chunks of at least this many elements, up to one CTA per SM (gemm_cost.cpp): each chunk
+// still streams 16 KB+ per row (fp32), enough to amortise the CTA's start and its partial sum.
+inline constexpr double kGemvSplitMinK = 4096.0;
 
 // cuDNN implicit-GEMM convolutions relative to a GEMM of the same implicit shape: im2col
 // address arithmetic and filter-shape-dependent tiles cost ~15%.
