@@ -82,6 +82,24 @@ def test_training_cache_rows_are_traced_sgd_steps(steps):
     assert len(steps) > 400
 
 
+def test_training_steps_trace_attention_as_torch_1_12_ran_it():
+    """The training file was measured on torch 1.12, which has no scaled_dot_product_attention:
+    its timm computed attention as q @ k^T, softmax, @ v, so the training cache traces that path
+    (bmm and softmax, forward and backward) while the torch 2.4 inference file keeps the fused
+    kernel; timm's global switch is left as the caller had it."""
+    import timm.layers
+
+    before = timm.layers.use_fused_attn()
+    train, _ = timm_cache.build_model("deit_tiny_patch16_224", 2, 224, mode="train")
+    assert timm.layers.use_fused_attn() == before
+    ops = train.op_counts()
+    assert not [k for k in ops if "scaled_dot_product" in k]
+    assert ops["aten::bmm"] >= 4 * 12 and ops["aten::_softmax_backward_data"] == 12
+    infer, _ = timm_cache.build_model("deit_tiny_patch16_224", 2, 224)
+    assert infer.op_counts()["aten::scaled_dot_product_attention"] == 12
+    assert "aten::_softmax" not in infer.op_counts()
+
+
 @needs_cache
 def test_training_step_correction_beats_analytic_on_held_out_families(steps):
     """Fitted on four folds of families, predicting the fifth: the correction's MAPE is below

@@ -25,6 +25,7 @@ benchmarks/transpose_logo.py compare it with the NCHW one) goes to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as _dt
 import gzip
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,13 +71,19 @@ class _Source:
     prefix: str       # column prefix: infer_* | train_*
     trace_mode: str   # blink.dryrun mode: inference | train
     channels_last: bool = False  # the benchmark ran model and input channels-last (NHWC)
+    # timm built its attention on F.scaled_dot_product_attention (timm.layers.use_fused_attn).
+    # Not for the torch 1.12 training file: that torch has no SDPA, so timm computed attention
+    # as q @ k^T, softmax, @ v; blink traces timm's same non-fused path instead of costing
+    # flash kernels that never ran (deit_small training step: 1.23 -> 1.02 measured/predicted).
+    fused_attention: bool = True
 
 
 # The training file times zero_grad, forward + cross entropy under AMP, backward and an SGD step
 # (momentum 0.9): blink traces the same step (mode "train", optimizer "sgd").
 MODES = {
     "inference": _Source(SOURCE_FILE, CACHE_NAME, "infer", "inference"),
-    "train": _Source(TRAIN_SOURCE_FILE, TRAIN_CACHE_NAME, "train", "train"),
+    "train": _Source(TRAIN_SOURCE_FILE, TRAIN_CACHE_NAME, "train", "train",
+                     fused_attention=False),
     # The same inference benchmark run channels-last (benchmark.py --channels-last): never
     # trained on; benchmarks/timm_layouts.py checks blink's layout costing against it.
     "inference-nhwc": _Source(NHWC_SOURCE_FILE, NHWC_CACHE_NAME, "infer", "inference",
@@ -138,6 +146,20 @@ def _git_commit() -> str:
         return "unknown"
 
 
+@contextlib.contextmanager
+def _timm_fused_attention(enable: bool) -> Iterator[None]:
+    """timm's global fused-attention switch set to `enable` while models are built (its
+    attention modules read it in __init__), then put back as it was."""
+    from timm.layers import config
+
+    before = config._USE_FUSED_ATTN
+    config.set_fused_attn(enable)
+    try:
+        yield
+    finally:
+        config._USE_FUSED_ATTN = before
+
+
 def build_model(name: str, batch: int, img: int, want_params: float | None = None,
                 mode: str = "inference") -> tuple[Any, int]:
     """(trace, param count) of the timm model `name` at random init on meta, traced at (batch,
@@ -149,12 +171,12 @@ def build_model(name: str, batch: int, img: int, want_params: float | None = Non
 
     from ..dryrun import trace_model
 
-    with torch.device("meta"):
+    src = _source(mode)
+    with torch.device("meta"), _timm_fused_attention(src.fused_attention):
         model = timm.create_model(name, pretrained=False)
     params = sum(p.numel() for p in model.parameters())
     if want_params is not None and abs(params - want_params) > PARAM_TOLERANCE * want_params:
         raise ValueError(f"param count {params / 1e6:.2f}M != benchmark {want_params / 1e6:.2f}M")
-    src = _source(mode)
     extra = {"optimizer": "sgd"} if src.trace_mode == "train" else {}
     t = trace_model(model, input_shape=(batch, 3, img, img), batch_size=batch, gpu=GPU,
                     dtype="amp-fp16", mode=src.trace_mode, channels_last=src.channels_last,
