@@ -92,6 +92,23 @@ def test_views_share_storage_and_inplace_allocates_nothing_that_survives():
     assert made <= freed_in, "an in-place op must not leave a new storage behind"
 
 
+def test_storages_freed_during_the_trace_never_share_an_id():
+    # Storages the recording allocator did not make (zero-byte tensors, CPU scalars) are named
+    # by their StorageImpl. One freed mid-trace must not pass its id to the next such storage
+    # that happens to reuse its address: the two would look like one tensor, giving the unit
+    # graph (the GNN's input) edges between unrelated ops that changed from run to run.
+    with blink.trace() as t:
+        x = torch.empty(4, 6, device="meta")
+        for _ in range(4):
+            e = x.new_empty(0)
+            torch.cat([x.flatten(), e])
+            del e
+    cats = [op for op in t.user_ops() if op.name == "aten::cat"]
+    assert len(cats) == 4
+    ids = [op.tensors("inputs")[1].storage for op in cats]
+    assert len(set(ids)) == 4, ids
+
+
 def test_saved_tensors_live_until_backward_frees_them():
     model = _small()
     x = torch.empty(8, 16, device="meta")

@@ -56,7 +56,16 @@ struct Session {
   TraceData data;
   std::unordered_map<std::string, int32_t> name_index;
   std::unordered_map<std::string, int32_t> module_index;
-  std::unordered_map<const void*, int64_t> externals;  // StorageImpl* -> id (< 0)
+  // StorageImpl* -> id (< 0). Each entry holds a weak reference to its StorageImpl: the
+  // object's memory then stays allocated (not its data), so a storage freed during the trace
+  // (a CPU scalar operand) cannot have its address reused by a later one, which would give two
+  // storages one id and the dataflow graph edges between unrelated ops, differing from run to
+  // run with the allocator's state.
+  struct External {
+    int64_t id;
+    c10::weak_intrusive_ptr<c10::StorageImpl> keep;
+  };
+  std::unordered_map<const void*, External> externals;
   std::unordered_map<int64_t, int32_t> seq_module;     // autograd seq nr -> module
   std::unordered_map<const void*, bool> is_kernel;      // schema name ptr -> has a CUDA kernel
   bool record_all = false;
@@ -118,11 +127,11 @@ void storage_of(Session& s, const at::Tensor& t, TensorInfo& info) {
   const void* key = storage.unsafeGetStorageImpl();
   auto it = s.externals.find(key);
   if (it != s.externals.end()) {
-    info.storage = it->second;
+    info.storage = it->second.id;
     return;
   }
   int64_t id = -static_cast<int64_t>(s.externals.size()) - 1;
-  s.externals.emplace(key, id);
+  s.externals.emplace(key, Session::External{id, storage.getWeakStorageImpl()});
   s.data.externals.push_back(ExternalStorage{id, info.storage_nbytes, info.device_type});
   info.storage = id;
 }
