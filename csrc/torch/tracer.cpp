@@ -58,9 +58,9 @@ struct Session {
   std::unordered_map<std::string, int32_t> module_index;
   // StorageImpl* -> id (< 0). Each entry holds a weak reference to its StorageImpl: the
   // object's memory then stays allocated (not its data), so a storage freed during the trace
-  // (a CPU scalar operand) cannot have its address reused by a later one, which would give two
-  // storages one id and the dataflow graph edges between unrelated ops, differing from run to
-  // run with the allocator's state.
+  // (a zero-byte tensor, a CPU scalar) cannot have its address reused by a later one, which
+  // would give two storages one id and the dataflow graph edges between unrelated ops,
+  // differing from run to run with the allocator's state.
   struct External {
     int64_t id;
     c10::weak_intrusive_ptr<c10::StorageImpl> keep;
