@@ -127,6 +127,13 @@ bool tensor_core_mode(MathMode m) {
 
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
+// Bytes of a K split's fp32 partial sums: each of the `split` slices writes an output-sized
+// partial and the reduce reads them back (cuBLAS's splitKreduce_kernel, or the small-N
+// kernels' own reduce).
+double split_k_partial_bytes(double split, double m, double n, double batch) {
+  return 2.0 * split * m * n * batch * 4.0;
+}
+
 // Bytes per element of the tile the epilogue stores: the output dtype (fp32 accumulators are
 // converted before the store).
 double out_bytes(int dtype) {
@@ -171,7 +178,7 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
     best.ctas = static_cast<int64_t>(row_ctas * split);
     best.split_k = static_cast<int64_t>(split);
     if (split > 1.0) {
-      best.aux_bytes = 2.0 * split * m * n * batch * 4.0;  // fp32 partials, written and re-read
+      best.aux_bytes = split_k_partial_bytes(split, m, n, batch);
       best.aux_kernels = 1;
     }
     best.ctas_per_sm = 8;
@@ -226,9 +233,8 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
       }
       double aux_bytes = 0.0;
       if (split > 1) {
-        // cuBLAS's split-K: fp32 partial sums written by each split, read back by a reduce
-        // kernel (splitKreduce_kernel) that writes the output.
-        aux_bytes = 2.0 * split * m * n * batch * 4.0;
+        // cuBLAS's split-K: the partials and the reduce kernel that writes the output.
+        aux_bytes = split_k_partial_bytes(split, m, n, batch);
         time += aux_bytes / (g.mem_bw * 0.85);
       }
       if (time < best.compute_s) {
