@@ -620,3 +620,32 @@ def test_cudnn_benchmark_flag_reaches_the_conv_choice():
     p_off = predict_trace(t, "V100", allow_tf32_cudnn=False, cudnn_benchmark=False)
     p_on = predict_trace(t, "V100", allow_tf32_cudnn=False, cudnn_benchmark=True)
     assert p_on.gpu_busy_ms < p_off.gpu_busy_ms
+
+
+def _bn_train_s(channels, side, batch=64, channels_last=False, mode="train"):
+    """Analytic seconds of the forward and backward batch-norm units of a BatchNorm2d step."""
+    bn = torch.nn.BatchNorm2d(channels, device="meta")
+    x = torch.empty(batch, channels, side, side, device="meta")
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    t = blink.trace_model(bn, inputs=(x,), mode=mode)
+    rows = [r for r in blink.cost.trace_features(t, "RTX 3090") if r["kind"] == "norm"]
+    assert rows
+    return sum(r["analytic_time_s"] for r in rows)
+
+
+def test_nchw_training_batch_norm_streams_each_channel_with_one_cta():
+    # cuDNN's NCHW training kernels (bn_fw_tr_1C11_kernel_NCHW, bn_bw_1C11_kernel_NCHW) give
+    # each channel one 512-thread CTA: 16 channels are 16 CTAs, 8192 threads' loads in flight
+    # on a GPU that holds 82 x 1536. The same bytes over 256 channels fill the GPU.
+    narrow, wide = _bn_train_s(16, 112), _bn_train_s(256, 28)
+    assert narrow > 5 * wide  # 2.6x when 16 CTAs on 16 SMs were taken for 40% of DRAM
+    x = 64 * 16 * 112 * 112 * 4
+    # forward: 2 reads + 1 write of x; backward: 2 x 2 reads + 1 write: >= 8 x at <= 1/5 of DRAM
+    assert narrow >= 5 * 8 * x / bw("RTX 3090")
+    # Per-CTA streaming: twice the images per channel take twice as long.
+    assert 1.9 < _bn_train_s(16, 112, batch=128) / narrow < 2.1
+    # Channels-last training (cuDNN's SPATIAL_PERSISTENT kernels, spread over the pixels) and
+    # inference (an element-wise pass over every element) do not run a CTA per channel.
+    assert _bn_train_s(16, 112, channels_last=True) < 0.5 * narrow
+    assert _bn_train_s(16, 112, mode="inference") < 1.25 * _bn_train_s(256, 28, mode="inference")

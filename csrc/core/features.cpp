@@ -555,6 +555,10 @@ Tiling f_attention_bwd(const Ctx& c, const Rule& r, UnitFeatures& f) {
   return preset_tiling(s.bh * ceil_div(s.lk, 128), 256);
 }
 
+// Threads of cuDNN's per-channel batch-norm training CTAs (the 512 in the kernels'
+// template arguments, e.g. bn_fw_tr_1C11_kernel_NCHW<__half, float, 512, true, 1>).
+constexpr int64_t kBnChannelCtaThreads = 512;
+
 // Normalisations. p0 = variant: 0 over the last dims (layer / RMS norm; normalized_shape at
 // p1), 1 per channel (batch norm; dim 1; p1 = training when no bool argument says), 2 per
 // group (group norm; N, C, HxW, group at p1..p1+3). p2 = the input's position. Reads every
@@ -591,6 +595,17 @@ Tiling f_norm(const Ctx& c, const Rule& r, UnitFeatures& f) {
         }
       }
       f.kernels = training ? 2 : 1;
+    }
+    // cuDNN's NCHW batch norm in training (PyTorch's CUDNN_BATCHNORM_SPATIAL for a contiguous
+    // input, cudnn/BatchNorm.cpp) runs bn_fw_tr_1C11_kernel_NCHW forward and
+    // bn_bw_1C11_kernel_NCHW backward, one 512-thread CTA per channel that reduces the
+    // channel's N x H x W elements and then normalises them: a 16-channel layer streams its
+    // every pass with 16 CTAs. Channels-last training runs SPATIAL_PERSISTENT kernels spread
+    // over the pixels instead, and ATen's native kernels only their statistics pass per
+    // channel (Normalization.cuh), so neither is costed this way.
+    const bool cudnn_bn = c.op.rfind("aten::cudnn_batch_norm", 0) == 0;
+    if (cudnn_bn && f.kernels >= 2 && x.sizes.size() >= 3 && !channels_last(x)) {
+      f.channel_cta_threads = kBnChannelCtaThreads;
     }
   } else {
     const int64_t n = int_at(c.in, r.p1, 0), ch = int_at(c.in, r.p1 + 1, 0);
@@ -1807,6 +1822,19 @@ double apply_tiling(const Tiling& t, const GpuSpec& g, const FeatureOptions& o, 
         if (f.row_cta_threads == 512) f.row_cta_bound_s += waves_of(256) * kRowCtaLifetimeS;
         f.tiles = f.outer;
         f.blocks_per_sm = occupancy(g, f.row_cta_threads);
+      }
+      if (f.channel_cta_threads > 0) {
+        // A CTA per channel streaming millions of elements: the loads in flight, and so the
+        // bandwidth, scale with the resident threads; kBwSaturatingSmFraction of the SMs,
+        // fully occupied, saturate DRAM.
+        f.tiles = f.outer;
+        f.blocks_per_sm = occupancy(g, f.channel_cta_threads);
+        const double resident =
+            static_cast<double>(std::min<int64_t>(f.tiles, g.sm_count * f.blocks_per_sm)) *
+            static_cast<double>(f.channel_cta_threads);
+        f.channel_cta_bw_share = std::min(
+            1.0, resident / (kBwSaturatingSmFraction * g.sm_count *
+                             static_cast<double>(max_threads_per_sm(g))));
       }
       break;
     }

@@ -64,7 +64,9 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
   double bw = g.mem_bw * kDramEfficiency;
   if (f.permuted) bw /= kPermutedCopySlowdown;  // the gathering, non-vectorised kernel
   if (bytes > 0) {
-    if (ctas > 0) {
+    if (f.channel_cta_bw_share > 0) {
+      bw *= f.channel_cta_bw_share;  // a CTA per channel (cuDNN's NCHW training batch norm)
+    } else if (ctas > 0) {
       const double sms = std::min<double>(g.sm_count, ctas);
       bw *= std::min(1.0, sms / (kBwSaturatingSmFraction * g.sm_count));
     }

@@ -167,6 +167,12 @@ struct UnitFeatures {
   // target GPU (apply_tiling; kRowCtaLifetimeS). Not forest inputs.
   int64_t row_cta_threads = 0;
   double row_cta_bound_s = 0.0;
+  // Kernels that stream a whole channel with one CTA (cuDNN's NCHW batch norm in training,
+  // bn_fw_tr_1C11_kernel_NCHW / bn_bw_1C11_kernel_NCHW: grid = channels): that CTA's threads
+  // (0: not such a kernel), and the share of DRAM bandwidth the resident CTAs' loads reach on
+  // the target GPU (apply_tiling; kBwSaturatingSmFraction counted in threads). Not forest inputs.
+  int64_t channel_cta_threads = 0;
+  double channel_cta_bw_share = 0.0;
   // Kernels whose every thread loops serially over the batch and channels (PyTorch's NCHW
   // bilinear upsampling: one thread per output pixel; f_upsample_bilinear): iterations per
   // thread, and the time bound their waves of such threads set on the target GPU (apply_tiling;

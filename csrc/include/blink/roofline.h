@@ -64,7 +64,9 @@ inline constexpr double kPermutedCopySlowdown = 1.75;
 // (the rest holds weights, other streams' lines, and set conflicts evict early).
 inline constexpr double kL2ResidentFraction = 0.5;
 // Share of the SMs that, fully occupied, keep enough loads in flight to saturate DRAM; a kernel
-// with CTAs on fewer SMs gets proportionally less bandwidth.
+// with CTAs on fewer SMs gets proportionally less bandwidth. A kernel whose few CTAs each stream
+// millions of elements (cuDNN's NCHW training batch norm, a CTA per channel) is counted in
+// resident threads instead: 16 512-thread CTAs are 16 SMs but a third of each SM's threads.
 inline constexpr double kBwSaturatingSmFraction = 0.5;
 
 // GEMM and convolution compute times come from their kernel plans (blink/kernel_plan.h).
