@@ -286,6 +286,28 @@ def test_dry_run_cut_matches_the_tracer_rule():
         assert ops[uid].kernel or ops[uid].name in UNIT_BY_RULE, ops[uid].name
 
 
+def test_h200_preset_measures_autocast_group_norm():
+    # The GPU preset times a group-norm net under AMP beside the batch-norm one, so that the
+    # casts and the fp32 group norm CUDA autocast inserts (group_norm is on its fp32 list) get
+    # per-unit ground truth; the dry run must hold those kernels.
+    from blink.collect.presets import ModelRun
+    from blink.collect.protocol import ModelWorkload, Protocol
+
+    h200 = get_preset("h200").configs()
+    for model in ("builtin:gnnet", "builtin:convnet"):
+        assert ModelRun(model, 256, None, "amp-fp16", "inference") in h200
+    t = ModelWorkload(ModelRun("builtin:gnnet", 4, None, "amp-fp16", "inference"),
+                      Protocol()).dry_run("H200")
+    norms = [o for o in t.ops if o.name == "aten::native_group_norm"]
+    convs = [o for o in t.ops if o.name == "aten::convolution"]
+    assert len(norms) == 13 and len(convs) == 17
+    assert {o.inputs[0].dtype for o in norms} == {"float32"}
+    assert {o.inputs[0].dtype for o in convs} == {"float16"}
+    casts = [o for o in t.ops if o.name == "aten::_to_copy"
+             and o.outputs[0].dtype == "float32" and len(o.outputs[0].shape) == 4]
+    assert len(casts) >= 12  # every norm after a convolution upcasts its fp16 output
+
+
 def test_shape_keys_agree():
     raw = [(1, ((8, 3), (3, 1), 0, 1, 96, 6, 14, False)), (4, 2),
            (2, [((4,), (1,), 0, 2, 16, 6, 14, False), None]), (8, [1, 2])]

@@ -1,9 +1,9 @@
 """Small models written with torch.nn only (``builtin:*``), for collection on machines without
 torchvision / timm / transformers and for the CPU smoke preset.
 
-They cover the same kernel families as the zoo (GEMMs, convolutions with batch norm, fused
-attention, layer norm, GELU, residual adds, embeddings, cross-entropy) at sizes a CPU runs in
-milliseconds; the GPU presets scale them by batch size and sequence length.
+They cover the same kernel families as the zoo (GEMMs, convolutions with batch norm or group
+norm, fused attention, layer norm, GELU, residual adds, embeddings, cross-entropy) at sizes a CPU
+runs in milliseconds; the GPU presets scale them by batch size and sequence length.
 """
 from __future__ import annotations
 
@@ -71,6 +71,53 @@ class ConvNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
+class _PreActBlock(nn.Module):
+    """A pre-activation bottleneck with group norm (timm's ResNetV2 / BiT block)."""
+
+    def __init__(self, cin: int, cout: int, stride: int, groups: int) -> None:
+        super().__init__()
+        mid = cout // 4
+        self.norm1 = nn.GroupNorm(groups, cin)
+        self.conv1 = nn.Conv2d(cin, mid, 1, bias=False)
+        self.norm2 = nn.GroupNorm(groups, mid)
+        self.conv2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False)
+        self.norm3 = nn.GroupNorm(groups, mid)
+        self.conv3 = nn.Conv2d(mid, cout, 1, bias=False)
+        self.down = (nn.Conv2d(cin, cout, 1, stride, bias=False)
+                     if stride != 1 or cin != cout else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pre = F.relu(self.norm1(x))
+        skip = x if self.down is None else self.down(pre)
+        out = self.conv1(pre)
+        out = self.conv2(F.relu(self.norm2(out)))
+        out = self.conv3(F.relu(self.norm3(out)))
+        return out + skip
+
+
+class GNNet(nn.Module):
+    """A small pre-activation ResNet with GroupNorm(8): under CUDA autocast, group_norm is on
+    the fp32 list, so every norm upcasts its fp16 input and every following convolution casts
+    back: the kernels whose cost the timm ResNetV2-GN / BiT rows put in question."""
+
+    def __init__(self, widths: tuple[int, ...] = (64, 128, 256, 512), groups: int = 8,
+                 classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 7, 2, 3, bias=False), nn.MaxPool2d(3, 2, 1))
+        blocks: list[nn.Module] = []
+        cin = 32
+        for i, w in enumerate(widths):
+            blocks.append(_PreActBlock(cin, w, 1 if i == 0 else 2, groups))
+            cin = w
+        self.blocks = nn.Sequential(*blocks)
+        self.norm = nn.GroupNorm(groups, cin)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.norm(self.blocks(self.stem(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
 class _DecoderLayer(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
@@ -132,6 +179,7 @@ class Builtin:
 BUILTINS: dict[str, Builtin] = {b.name: b for b in (
     Builtin("builtin:mlp", "mlp", "vector", MLP, in_features=784),
     Builtin("builtin:convnet", "convnet", "vision", ConvNet, image_size=128),
+    Builtin("builtin:gnnet", "gnnet", "vision", GNNet, image_size=128),
     Builtin("builtin:gpt", "gpt-builtin", "text", GPT, vocab_size=4096, default_seq_len=128,
             max_seq_len=2048),
 )}
