@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from alloc_reference import ReferenceAllocator
 
 import blink
@@ -373,3 +374,27 @@ def test_unfold_and_fold_launch_one_kernel_per_image():
     one = units((1, 8, 14, 14))
     assert all(r["kernels"] == 1 for r in one.values())
     assert one["aten::im2col"]["analytic_time_s"] < batched["aten::im2col"]["analytic_time_s"] / 50
+
+
+def test_amp_group_norm_inference_carries_the_measured_caveat():
+    # AMP inference with float32 group norms gets a note that public rows of such models run
+    # well below the analytic time; batch norm, fp32 and training steps do not.
+    from blink.collect.models import ConvNet, GNNet
+
+    def notes(net, dtype, gpu, predictor="auto"):
+        with torch.device("meta"):
+            m = net()
+        t = blink.trace_model(m, input_shape=(64, 3, 128, 128), dtype=dtype)
+        p = predict_trace(t, gpu, predictor=predictor)
+        return [n for n in p.notes if "group norm" in n]
+
+    (note,) = notes(GNNet, "amp-fp16", "H200")
+    share = int(note.split("%")[0])
+    assert 5 <= share <= 60 and "0.73x" in note and "timm_group_norm.py" in note
+    assert notes(GNNet, "amp-bf16", "A100-80GB", "analytic")
+    assert not notes(ConvNet, "amp-fp16", "H200")
+    assert not notes(GNNet, "fp32", "H200")
+    with torch.device("meta"):
+        m = GNNet()
+    t = blink.trace_model(m, input_shape=(8, 3, 128, 128), dtype="amp-fp16", mode="train")
+    assert not [n for n in predict_trace(t, "H200").notes if "group norm" in n]
