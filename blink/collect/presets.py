@@ -213,7 +213,8 @@ def _h200() -> Preset:
                         ["inference", "train"], [128, 512])
               # AMP with group norm against the same-sized batch-norm net: the per-unit times of
               # autocast's fp32 group norm and the casts around it (timm's ResNetV2-GN / BiT rows
-              # on the RTX 3090 run in about 0.6x the time Blink gives those kernels).
+              # on the RTX 3090 run at 0.53-0.63x of Blink's analytic time, other rows at 0.88x:
+              # benchmarks/timm_group_norm.py).
               + _models(["builtin:gnnet", "builtin:convnet"], [64, 256], ["amp-fp16"],
                         ["inference"])
               + _models(["builtin:gnnet"], [64], ["amp-fp16"], ["train"]))
