@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from blink.train.data import load_units, public_root, tables_by_kind  # noqa: E402
-from blink.train.fit import NUM_ROUNDS, conformal_q, set_threads, shrunk_s  # noqa: E402
+from blink.train.evaluate import held_out_calibration  # noqa: E402
+from blink.train.fit import NUM_ROUNDS, conformal_q, set_threads  # noqa: E402
 from blink.train.units import PairForests, logo, nested_shrink  # noqa: E402
 
 COVERAGE = 0.9
@@ -72,17 +73,11 @@ def main(argv: list[str] | None = None) -> int:
             for c in lg.chips:
                 test = t.chip == c
                 if name == "trees":
-                    raw = ns.others[c]
-                    res = np.full(len(t), np.nan)
-                    ok = np.isfinite(raw)
-                    res[ok] = np.abs(np.log(t.measured_s[ok] / shrunk_s(
-                        t.analytic_s[ok], raw[ok], scales[c])))
+                    r, ch = held_out_calibration(t, ns, c, scales[c])
                     mine = np.abs(np.log(t.measured_s[test] / ns.trees_s[test]))
                 else:
                     res = np.abs(np.log(t.measured_s / t.analytic_s))
-                    mine = res[test]
-                cal = np.isfinite(res) & ~test
-                r, ch = res[cal], t.chip[cal]
+                    r, ch, mine = res[~test], t.chip[~test], res[test]
                 q = {"pooled": conformal_q(r, COVERAGE),
                      "max": max(conformal_q(r[ch == g], COVERAGE) for g in set(ch.tolist())),
                      "level": conformal_q(r, _level(r, ch))}

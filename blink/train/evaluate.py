@@ -129,6 +129,17 @@ def long_table(title: str, rows: list[tuple[str, int, dict[str, dict[str, float]
 
 
 # -- per unit -------------------------------------------------------------------------------
+def held_out_calibration(t: KindTable, ns: Any, chip: str,
+                         scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """|log(measured / trees)| and chips of the rows that calibrate held-out `chip`'s interval:
+    the other chips' rows, each predicted by a forest of `ns` (nested_shrink) that saw neither
+    `chip` nor the row's own chip, shrunk by `scale`."""
+    raw = ns.others[chip]
+    cal = (t.chip != chip) & np.isfinite(raw)
+    res = np.log(t.measured_s[cal] / shrunk_s(t.analytic_s[cal], raw[cal], scale))
+    return np.abs(res), t.chip[cal]
+
+
 def unit_logo(t: KindTable, rounds: int, coverage: float) -> dict[str, Any]:
     """Held-out-GPU predictions and interval bounds of every row of one kind. For held-out chip
     c the shrinkage is chosen (nested_shrink) and q calibrated on the other chips' predictions
@@ -142,10 +153,8 @@ def unit_logo(t: KindTable, rounds: int, coverage: float) -> dict[str, Any]:
     q_ana = np.full(len(t), math.nan)
     for c in lg.chips:
         test = t.chip == c
-        raw_other = ns.others[c]
-        cal = ~test & np.isfinite(raw_other)
-        res = np.log(t.measured_s[cal] / shrunk_s(t.analytic_s[cal], raw_other[cal], scales[c]))
-        q_trees[test] = conformal_q(np.abs(res), coverage) if cal.any() else math.inf
+        res, _ = held_out_calibration(t, ns, c, scales[c])
+        q_trees[test] = conformal_q(res, coverage)
         q_ana[test] = conformal_q(np.abs(np.log(t.measured_s[~test] / t.analytic_s[~test])),
                                   coverage)
     return {"trees": ns.trees_s, "trees x1": ns.whole_s,
