@@ -177,23 +177,39 @@ def test_end_to_end_interval_covers_held_out_families(graph_set, table):
 
 def test_neusight_floor_is_the_event_floor():
     """Each NeuSight GPU's event floor is tens of microseconds, larger for nn.Linear (a module
-    call and addmm) than for a bare torch.bmm on every machine; exactly the rows under twice
+    call and addmm) than for a bare torch.bmm on every machine, and smaller still for each
+    element-wise op (a bare ATen launch, no cuBLAS host work), whose own line through its rows
+    gives it; layer norm and softmax take the median of those. Exactly the rows under twice
     their floor are dropped, the rest lose the floor, and DeepBench rows are left as measured."""
     from blink.train import data as D
 
     root = D.public_root()
     floors: dict = {}
-    rows = D.load_units(root, neusight_rows_per_file=1500, neusight_mixed_rows=300,
+    rows = D.load_units(root, neusight_rows_per_file=1500, neusight_mixed_rows=None,
                         floors=floors)
     gpus = {"A100-PCIe-40GB", "P100", "P4", "T4", "V100-PCIe"}
     assert {g for g, _ in floors} == gpus
+    ops = {"add", "addu", "div", "divu", "gelu", "mul", "mulu", "pow", "powu", "relu", "tanh"}
     for g in gpus:
         assert 10e-6 < floors[(g, "bmm")] < floors[(g, "linear")] < 100e-6, g
-        assert floors[(g, "ln")] == floors[(g, "bmm")]
-    raw = [r for r in D.load_neusight(root, 1500, 0, 300) if D._usable(r)]
+        elem = {k[5:]: v for (gg, k), v in floors.items() if gg == g and k.startswith("elem:")}
+        assert set(elem) == ops, g
+        assert all(5e-6 < v < floors[(g, "bmm")] for v in elem.values()), (g, elem)
+        assert floors[(g, "ln")] == floors[(g, "softmax")] == pytest.approx(
+            float(np.median(list(elem.values()))), rel=1e-12)
+    # Off the floor, an element-wise op's time grows in proportion to its bytes: a tenth of
+    # the bytes takes a tenth of the time (the streaming rate does not depend on the size).
+    for g in gpus:
+        add = sorted((float(r.feats["bytes_read"]) + float(r.feats["bytes_written"]),
+                      r.measured_s) for r in rows
+                     if r.gpu == g and r.family == "elem" and D.neusight_op(r) == "add")
+        (b0, t0), (b1, t1) = add[0], add[-1]
+        assert b1 > 8 * b0
+        assert (t1 / b1) / (t0 / b0) == pytest.approx(1.0, abs=0.06), g
+    raw = [r for r in D.load_neusight(root, 1500, 0, None) if D._usable(r)]
     kept = iter([r for r in rows if r.dataset == "neusight-train"])  # same order as raw
     for r in raw:
-        f = floors[(r.gpu, r.family)]
+        f = floors[(r.gpu, f"elem:{D.neusight_op(r)}" if r.family == "elem" else r.family)]
         if r.measured_s >= D.NEUSIGHT_FLOOR_KEEP * f:
             k = next(kept)
             assert (k.gpu, k.shape) == (r.gpu, r.shape)

@@ -320,21 +320,52 @@ def load_deepbench(root: Path, gpus: Iterable[str] | None = None) -> list[UnitSa
 # every row carries that host's fixed floor on top of the kernel: 24-47 us for torch.bmm and
 # 37-72 us for nn.Linear (a module call, F.linear, addmm with bias) on its five machines. Blink
 # predicts kernel time (what CUPTI measures and what a busy stream runs back to back), so the
-# floor is a measurement-protocol term and is taken off. Per GPU and family (bmm, linear): the
-# 5th percentile of (measured - analytic) over the family's rows of the smallest 5% analytic
-# time (kernels of a few us, whose measured time is almost all floor). elem / ln / softmax rows
-# are large and cannot show their floor; they take the GPU's bmm floor (one bare op's
-# dispatch). Rows under NEUSIGHT_FLOOR_KEEP x their floor (a kernel shorter than the floor) say
-# too little about the kernel and are dropped. Without this the forests learned the floor and
-# added it to small kernels on every GPU, which DeepBench's and CUPTI's loop timings do not have.
+# floor is a measurement-protocol term and is taken off. bmm and linear: per GPU, the 5th
+# percentile of (measured - analytic) over the family's rows of the smallest 5% analytic time
+# (kernels of a few us, whose measured time is almost all floor). Element-wise rows are large
+# (20-750 MB streamed) but each op's rows on a GPU lie on one line, measured = floor +
+# slope x analytic (RMS residual 0.1-1.3%, intercept standard error under 0.5 us): the floor is
+# that line's intercept, per GPU and op (11-32 us: a bare ATen launch, no cuBLAS host work, so
+# 2-19 us below the GPU's bmm floor; taking the bmm floor off made the V100 seem to stream at 97%
+# of its spec bandwidth where the line's slope says 91-93%). Layer norm and softmax times are not
+# linear in their size (the row length changes the kernel), so they take the median of the GPU's
+# element-wise floors (the same kind of bare launch). Rows under NEUSIGHT_FLOOR_KEEP x their
+# floor (a kernel shorter than the floor) say too little about the kernel and are dropped.
+# Without this the forests learned the floor and added it to small kernels on every GPU, which
+# DeepBench's and CUPTI's loop timings do not have.
 NEUSIGHT_FLOOR_QUANTILE = 0.05
 NEUSIGHT_FLOOR_KEEP = 2.0
 _FLOOR_FAMILIES = ("bmm", "linear")
+# An op's intercept is trusted from this many rows spanning this ratio of analytic times.
+_LINE_MIN_ROWS = 30
+_LINE_MIN_SPAN = 3.0
+
+
+def neusight_op(r: UnitSample) -> str:
+    """The NeuSight op name of a row (add, powu, gelu, ...; bmm / linear for the GEMM files)."""
+    return r.shape.split(":")[1]
+
+
+def _floor_key(r: UnitSample) -> str:
+    """The floor a NeuSight row loses: its op's for element-wise rows, its family's otherwise."""
+    return f"elem:{neusight_op(r)}" if r.family == "elem" else r.family
+
+
+def _intercept(g: list[UnitSample]) -> float | None:
+    """The intercept (s) of measured = floor + slope x analytic over rows of one op, or None
+    when too few rows or too narrow a range of sizes pin it down."""
+    ana = np.array([float(r.feats["analytic_time_s"]) for r in g])
+    if len(g) < _LINE_MIN_ROWS or ana.max() < _LINE_MIN_SPAN * ana.min():
+        return None
+    meas = np.array([r.measured_s for r in g])
+    c = np.linalg.lstsq(np.c_[np.ones_like(ana), ana], meas, rcond=None)[0]
+    return max(0.0, float(c[0]))
 
 
 def neusight_floors(rows: list[UnitSample]) -> dict[tuple[str, str], float]:
-    """The event-timing floor (s) of each NeuSight (GPU, family), from the family's rows (bmm
-    and linear) or the GPU's bmm floor (the other families); see above."""
+    """The event-timing floor (s) of each NeuSight (GPU, family) and (GPU, "elem:<op>"); see
+    above. Element-wise ops whose line is not pinned down take the median of the GPU's op
+    floors (its bmm floor when none is)."""
     out: dict[tuple[str, str], float] = {}
     ns = [r for r in rows if r.dataset == "neusight-train" and _usable(r)]
     for gpu in sorted({r.gpu for r in ns}):
@@ -347,9 +378,17 @@ def neusight_floors(rows: list[UnitSample]) -> dict[tuple[str, str], float]:
             small = ana <= np.quantile(ana, 0.05)
             out[(gpu, fam)] = max(0.0, float(np.quantile((meas - ana)[small],
                                                          NEUSIGHT_FLOOR_QUANTILE)))
-        if (gpu, "bmm") in out:
-            for fam in sorted({r.family for r in ns if r.gpu == gpu} - set(_FLOOR_FAMILIES)):
-                out[(gpu, fam)] = out[(gpu, "bmm")]
+        elem = [r for r in ns if r.gpu == gpu and r.family == "elem"]
+        lines = {}
+        for op in sorted({neusight_op(r) for r in elem}):
+            f = _intercept([r for r in elem if neusight_op(r) == op])
+            if f is not None:
+                lines[op] = out[(gpu, f"elem:{op}")] = f
+        bare = float(np.median(list(lines.values()))) if lines else out.get((gpu, "bmm"))
+        if bare is None:
+            continue
+        for fam in sorted({r.family for r in ns if r.gpu == gpu} - set(_FLOOR_FAMILIES)):
+            out[(gpu, fam)] = bare
     return out
 
 
@@ -359,7 +398,9 @@ def remove_neusight_floor(rows: list[UnitSample],
     other rows unchanged."""
     out = []
     for r in rows:
-        f = floors.get((r.gpu, r.family), 0.0) if r.dataset == "neusight-train" else 0.0
+        f = 0.0
+        if r.dataset == "neusight-train":
+            f = floors.get((r.gpu, _floor_key(r)), floors.get((r.gpu, r.family), 0.0))
         if f > 0.0:
             if r.measured_s < NEUSIGHT_FLOOR_KEEP * f:
                 continue
