@@ -34,7 +34,7 @@ from blink.train import data as td
 SHIPPED = float(_C.kGemmDramEfficiency)
 GRID = [0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85]
 assert SHIPPED in GRID, "add the shipped constant to GRID"
-OLD = 0.85  # the copy-kernel rate every memory-bound unit had before (kDramEfficiency)
+OLD = 0.85  # the copy-kernel rate every memory-bound unit had before (all GPUs until 2026-12-05)
 
 
 def _rows(root: Path, per_file: int) -> list[tuple[str, float, tuple]]:

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     gpu = hardware.get_gpu(tc.GPU)
     # the rule-free, streaming cost of the upsampling bytes
-    stream_bw = gpu.memory_bandwidth_bytes_per_s * float(_C.kDramEfficiency)
+    stream_bw = gpu.memory_bandwidth_bytes_per_s * gpu.dram_efficiency
     step = float(_C.kSerialLoopIterationS)
     print(f"kSerialLoopIterationS = {step * 1e9:.0f} ns; RTX 3090 AMP inference, batch as "
           "benchmarked")

@@ -30,7 +30,7 @@ def core_gpu_fields(gpu: GPUSpec | str, boost_window_s: float = BOOST_WINDOW_S) 
         cc_minor=gpu.compute_capability[1], peak_fp64=pf.get("fp64") or 0.0,
         sustained_fp32_ratio=gpu.sustained_fp32_ratio,
         sustained_tc_ratio=gpu.sustained_tc_ratio, boost_window_s=boost_window_s,
-        max_clock_ratio=gpu.max_clock_ratio,
+        max_clock_ratio=gpu.max_clock_ratio, dram_efficiency=gpu.dram_efficiency,
     )
 
 

@@ -125,6 +125,36 @@ PROCESS_ENERGY_SCALE: dict[str, float] = {
 TYPICAL_BOOST_HEADROOM = 1.10
 BOOST_CLOCK_KINDS = ("max", "typical")
 
+# DRAM_EFFICIENCY: the fraction of the datasheet DRAM bandwidth a streaming kernel reaches
+# (PyTorch's vectorized_elementwise_kernel, aten/src/ATen/native/cuda/CUDALoops.cuh: every
+# memory-bound unit's rate, GpuSpec::dram_efficiency in the C++ core; refresh, ECC, bus
+# turnarounds and row switches take the rest), by architecture. Measured on the public NeuSight
+# element-wise rows (shared/data/public/neusight-train; PyTorch 2.1, CUDA 12.1): on each GPU each
+# op's time is its event floor + bytes / rate to 0.2-1.8% RMS over 20-750 MB
+# (blink.train.data.neusight_floors), so the rate is the line's slope; the median over a chip's
+# 11 ops: V100-PCIe 91% of spec, A100-PCIe-40GB 89%, P100 74%, P4 75%, T4 74% (every op within
+# 3 points of its chip's median but the P100's scalar pow). Two groups, read off those chips:
+# Pascal (sm_6x) and Turing (sm_75) stream at 74%, Volta (sm_70), Ampere and later at 90%. The
+# memory type does not split them (the P100's HBM2 streams like the P4's GDDR5). Each group's
+# value is the mean of its chips, and held out one chip at a time (its group's value from the
+# others) it changes by at most 0.01 (benchmarks/dram_efficiency_logo.py prints the slopes, the
+# held-out values and the element-wise error before / after). Ada, Hopper and Blackwell have no
+# public per-kernel rows here and take Volta / Ampere's value; the RTX 3090's (sm_86, GDDR6X)
+# whole-model times, which no fit of this value saw, are its check (blink evaluate, analytic).
+# Until 2026-12-05 every GPU had 0.85. A table entry may give its own "dram_efficiency" (a
+# measured copy rate over the datasheet bandwidth).
+DRAM_EFFICIENCY_PASCAL_TURING = 0.74
+DRAM_EFFICIENCY_VOLTA_ON = 0.90
+
+
+def dram_efficiency_rule(compute_capability: tuple[int, int]) -> float:
+    """The DRAM_EFFICIENCY rule's streaming rate, over the datasheet bandwidth, of a GPU of this
+    compute capability."""
+    major, minor = compute_capability
+    if major < 7 or (major, minor) == (7, 5):
+        return DRAM_EFFICIENCY_PASCAL_TURING
+    return DRAM_EFFICIENCY_VOLTA_ON
+
 
 def _max_clock_ratio(boost_clock_kind: str) -> float:
     """The highest clock of a board whose listed boost is of this kind, over that boost."""
@@ -203,6 +233,8 @@ class GPUSpec:
     # (GeForce; see TYPICAL_BOOST_HEADROOM). The sustained ratios are fractions of the listed
     # boost, at most max_clock_ratio.
     boost_clock_kind: str = "max"
+    # Fraction of the datasheet bandwidth a streaming kernel reaches (DRAM_EFFICIENCY).
+    dram_efficiency: float = DRAM_EFFICIENCY_VOLTA_ON
 
     @property
     def max_clock_ratio(self) -> float:
@@ -369,7 +401,8 @@ _REQUIRED_FIELDS = (
     "peak_flops",
 )
 _OPTIONAL_FIELDS = ("aliases", "source", "notes", "memory_note", "fp16_tensor_core",
-                    "base_clock_mhz", "process", "sustained", "boost_clock_kind")
+                    "base_clock_mhz", "process", "sustained", "boost_clock_kind",
+                    "dram_efficiency")
 # Keys of an entry's optional "sustained" object: measured or vendor ratios that replace the
 # power rule's, with the source they come from (required with either ratio).
 _SUSTAINED_KEYS = ("fp32_ratio", "tc_ratio", "source")
@@ -524,6 +557,7 @@ def _parse_gpu(raw: object, origin: str, index: int) -> GPUSpec:
         sustained_tc_ratio=tc_ratio,
         sustained_source=sustained_source,
         boost_clock_kind=boost_kind,
+        dram_efficiency=_dram_efficiency(where, raw, (cc[0], cc[1])),
     )
 
 
@@ -543,6 +577,18 @@ def power_rule_ratio(
     demand = peak_fp32 / 1e12 * scale / tdp_w
     ratio = 1.0 / (w_per_tflop_16nm * demand)
     return min(max_clock, ratio)
+
+
+def _dram_efficiency(where: _Where, raw: Mapping[str, Any], cc: tuple[int, int]) -> float:
+    """An entry's "dram_efficiency" where it gives one, else the DRAM_EFFICIENCY rule's."""
+    if "dram_efficiency" not in raw:
+        return dram_efficiency_rule(cc)
+    value = raw["dram_efficiency"]
+    if not _is_number(value) or not (0.3 <= value <= 1.0):
+        raise where.error(
+            f"must be a number in [0.3, 1] (a copy kernel's measured bandwidth over "
+            f"memory_bandwidth_bytes_per_s), got {value!r}", "dram_efficiency")
+    return float(value)
 
 
 def _sustained(

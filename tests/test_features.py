@@ -90,6 +90,7 @@ def gpu(name):
         peak_fp32=pk["fp32"], peak_tf32=pk.get("tf32", 0.0), peak_bf16=pk.get("bf16", 0.0),
         peak_fp16=pk["fp16"], peak_fp8=pk.get("fp8", 0.0),
         cc_major=g.compute_capability[0], cc_minor=g.compute_capability[1],
+        dram_efficiency=g.dram_efficiency,
     )
 
 

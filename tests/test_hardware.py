@@ -713,7 +713,9 @@ def test_power_capped_t4_cuda_core_convolutions_match_the_boards_at_boost():
             logs[key].append(math.log(r.time_s / t))
     assert len(logs["T4"]) > 200 and len(logs["others"]) > 1000
     med = {k: statistics.median(v) for k, v in logs.items()}
-    assert abs(med["T4"] - med["others"]) < 0.05
+    # (0.043 apart when every board streamed at 0.85; 0.056 with DRAM_EFFICIENCY's per-board
+    # rates, which move the DRAM-bound passes of the Pascal boards among the others)
+    assert abs(med["T4"] - med["others"]) < 0.075
     assert med["T4 at SGEMM ratio"] < med["others"] - 0.3
 
 
@@ -922,6 +924,48 @@ def test_boost_clock_kind_and_sustained_ratios_are_checked(tmp_path):
         _C.GpuSpec(**kw, sustained_tc_ratio=1.2, max_clock_ratio=1.1)
     with pytest.raises(Exception, match="max_clock_ratio"):
         _C.GpuSpec(**kw, max_clock_ratio=0.9)
+
+
+def test_streaming_rate_follows_the_architecture_and_a_measured_override(tmp_path):
+    """Pascal and Turing boards stream at a lower fraction of their datasheet bandwidth than
+    Volta and later (DRAM_EFFICIENCY); the core costs a large add at that rate, and a table
+    entry's measured "dram_efficiency" replaces the rule's, checked on both sides of C++."""
+    from blink.cost import _C, core_gpu_spec, tensor_arg, unit_features
+
+    low, high = hardware.DRAM_EFFICIENCY_PASCAL_TURING, hardware.DRAM_EFFICIENCY_VOLTA_ON
+    assert 0.5 < low < high < 1.0
+    for name in ("P100", "P4", "T4", "GTX1080Ti", "TITANXp"):
+        assert hardware.get_gpu(name).dram_efficiency == low, name
+    for name in ("V100", "A100-40GB", "RTX3090", "L4", "H100-SXM", "H200", "B200"):
+        assert hardware.get_gpu(name).dram_efficiency == high, name
+    n = 1 << 26
+    add = [tensor_arg((n,), 6), tensor_arg((n,), 6)], [tensor_arg((n,), 6)]
+
+    def streamed(g: hardware.GPUSpec) -> float:  # bytes / s of a 768 MB add
+        return 12 * n / unit_features("aten::add", *add, g)["analytic_time_s"]
+
+    for name in ("T4", "H200"):
+        g = hardware.get_gpu(name)
+        assert core_gpu_spec(name).dram_efficiency == g.dram_efficiency
+        assert streamed(g) == pytest.approx(g.memory_bandwidth_bytes_per_s * g.dram_efficiency,
+                                            rel=0.01)
+    e = _rtx3090_entry("Copy-measured-3090", "typical")
+    e["dram_efficiency"] = 0.8
+    hardware.register_gpu_file(write_json(tmp_path / "d.json", e))
+    measured = hardware.get_gpu("Copy-measured-3090")
+    assert measured.dram_efficiency == 0.8
+    assert streamed(measured) / streamed(hardware.get_gpu("RTX3090")) == pytest.approx(
+        0.8 / high, rel=0.01)
+    for bad in (1.2, 0.1, "0.8", True, None):
+        e["name"] = e["aliases"][0] = "bad-3090"
+        e["dram_efficiency"] = bad
+        with pytest.raises(ConfigError, match="dram_efficiency"):
+            hardware.register_gpu_file(write_json(tmp_path / "e.json", e))
+    kw = dict(name="x", sm_count=1, clock_hz=1e9, mem_bw=1e11, l2_bytes=1e6, peak_fp32=1e12,
+              peak_tf32=0, peak_bf16=0, peak_fp16=1e12, peak_fp8=0, cc_major=8, cc_minor=6)
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(Exception, match="dram_efficiency"):
+            _C.GpuSpec(**kw, dram_efficiency=bad)
 
 
 # The public maximum achievable BF16 matmul rates (stas00/ml-engineering, compute/accelerator

@@ -188,7 +188,7 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
   ConvAlgo algo = ConvAlgo::kNone;
   MathMode used = mode;
   GemmPlan shape;  // the costliest pass's launch shape, which the unit reports
-  const double bw = g.mem_bw * 0.85;
+  const double bw = g.mem_bw * g.dram_efficiency;
   for (int p = kFwd; p <= kWgrad; ++p) {
     if (!(passes & (1 << p))) continue;
     const Pass pass = static_cast<Pass>(p);
@@ -271,7 +271,7 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
     dense.groups = 1;
     dense.flops = before.flops * static_cast<double>(before.groups);
     plan_conv(dense, passes, g, opts);
-    const double bw_aux = g.mem_bw * 0.85;
+    const double bw_aux = g.mem_bw * g.dram_efficiency;
     if (dense.kernel_compute_s + (dense.aux_bytes - before.aux_bytes) / bw_aux <
         f.kernel_compute_s + (f.aux_bytes - before.aux_bytes) / bw_aux) {
       // The dense plan, on this unit's own geometry and FLOPs.

@@ -587,7 +587,7 @@ void validate_trace(const TraceData& trace) {
 double fused_kernel_time_s(double bytes, double flops, const GpuSpec& gpu) {
   BLINK_CHECK(std::isfinite(bytes) && bytes >= 0.0 && std::isfinite(flops) && flops >= 0.0,
               "fused_kernel_time_s: bytes and flops must be finite and >= 0");
-  const double memory_s = kDramLatencyS + bytes / (gpu.mem_bw * kDramEfficiency);
+  const double memory_s = kDramLatencyS + bytes / (gpu.mem_bw * gpu.dram_efficiency);
   const double compute_s = flops / (gpu.peak_fp32 * kSimtElementwiseEfficiency);
   return std::max({kLaunchFloorS, memory_s, compute_s});
 }

@@ -235,7 +235,7 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
       if (split > 1) {
         // cuBLAS's split-K: the partials and the reduce kernel that writes the output.
         aux_bytes = split_k_partial_bytes(split, m, n, batch);
-        time += aux_bytes / (g.mem_bw * 0.85);
+        time += aux_bytes / (g.mem_bw * g.dram_efficiency);
       }
       if (time < best.compute_s) {
         best.compute_s = time;
@@ -253,7 +253,7 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
     }
   }
   // The split-K reduce was costed inside compute_s above; report its traffic only.
-  if (best.aux_bytes > 0) best.compute_s -= best.aux_bytes / (g.mem_bw * 0.85);
+  if (best.aux_bytes > 0) best.compute_s -= best.aux_bytes / (g.mem_bw * g.dram_efficiency);
   return best;
 }
 

@@ -77,7 +77,7 @@ double step_gemm_s(const UnitFeatures& p, const GpuSpec& g, double m, double n, 
   const double weights = k * n * dirs * itemsize;
   const double activations = (m * k + m * n) * dirs * itemsize;
   const double dram = (weights <= 0.5 * g.l2_bytes ? 0.0 : weights) + activations;
-  const double memory = kDramLatencyS + dram / (g.mem_bw * kDramEfficiency);
+  const double memory = kDramLatencyS + dram / (g.mem_bw * g.dram_efficiency);
   return std::max(kLaunchFloorS, std::max(compute, memory));
 }
 

@@ -61,7 +61,7 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
   const double bytes = std::max(0.0, f.bytes_read + f.bytes_written +
                                          (f.input_passes - 1.0) * std::max(0.0, f.bytes_read) -
                                          f.l2_hit_bytes * (1.0 - 1.0 / kL2VsDramBandwidth));
-  double bw = g.mem_bw * kDramEfficiency;
+  double bw = g.mem_bw * g.dram_efficiency;
   if (f.permuted) bw /= kPermutedCopySlowdown;  // the gathering, non-vectorised kernel
   if (bytes > 0) {
     if (f.channel_cta_bw_share > 0) {
@@ -79,7 +79,7 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
   memory_s = std::max(memory_s, f.serial_loop_bound_s);
   // Helper kernels of the plan (layout transposes, split-K reduce, Winograd transforms, a
   // convolution's bias add) stream their bytes after the main kernel.
-  const double aux_s = f.aux_bytes > 0 ? kDramLatencyS + f.aux_bytes / (g.mem_bw * kDramEfficiency)
+  const double aux_s = f.aux_bytes > 0 ? kDramLatencyS + f.aux_bytes / (g.mem_bw * g.dram_efficiency)
                                        : 0.0;
   return std::max(floor_s, std::max(compute_s, memory_s) + aux_s);
 }

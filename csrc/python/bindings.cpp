@@ -432,7 +432,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Cost constants the power-rule fits read back (benchmarks/sustained_logo.py), so no script
   // keeps a copy that can go stale.
   m.attr("kSimtGemmBaseEfficiency") = kSimtGemmBaseEfficiency;
-  m.attr("kDramEfficiency") = kDramEfficiency;
   m.attr("kGemmDramEfficiency") = kGemmDramEfficiency;
   m.attr("kPermutedCopySlowdown") = kPermutedCopySlowdown;
   m.attr("kSerialLoopIterationS") = kSerialLoopIterationS;
@@ -842,7 +841,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        double peak_fp32, double peak_tf32, double peak_bf16, double peak_fp16,
                        double peak_fp8, int cc_major, int cc_minor, double peak_fp64,
                        double sustained_fp32_ratio, double sustained_tc_ratio,
-                       double boost_window_s, double max_clock_ratio) {
+                       double boost_window_s, double max_clock_ratio, double dram_efficiency) {
              GpuSpec g;
              g.name = name; g.sm_count = sm_count; g.clock_hz = clock_hz; g.mem_bw = mem_bw;
              g.l2_bytes = l2_bytes; g.peak_fp32 = peak_fp32; g.peak_tf32 = peak_tf32;
@@ -859,6 +858,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              BLINK_CHECK(boost_window_s >= 0.0 && boost_window_s < 10.0,
                          "GpuSpec '" + name + "': boost_window_s must be in [0, 10) s");
              g.boost_window_s = boost_window_s;
+             BLINK_CHECK(dram_efficiency >= 0.3 && dram_efficiency <= 1.0,
+                         "GpuSpec '" + name + "': dram_efficiency must be in [0.3, 1]");
+             g.dram_efficiency = dram_efficiency;
              return g;
            }),
            py::arg("name"), py::arg("sm_count"), py::arg("clock_hz"), py::arg("mem_bw"),
@@ -866,11 +868,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("peak_fp16"), py::arg("peak_fp8"), py::arg("cc_major"), py::arg("cc_minor"),
            py::arg("peak_fp64") = 0.0, py::arg("sustained_fp32_ratio") = 1.0,
            py::arg("sustained_tc_ratio") = 1.0, py::arg("boost_window_s") = 0.0,
-           py::arg("max_clock_ratio") = 1.0)
+           py::arg("max_clock_ratio") = 1.0, py::arg("dram_efficiency") = 0.90)
       .def_readonly("sustained_fp32_ratio", &GpuSpec::sustained_fp32_ratio)
       .def_readonly("max_clock_ratio", &GpuSpec::max_clock_ratio)
       .def_readonly("sustained_tc_ratio", &GpuSpec::sustained_tc_ratio)
-      .def_readonly("boost_window_s", &GpuSpec::boost_window_s);
+      .def_readonly("boost_window_s", &GpuSpec::boost_window_s)
+      .def_readonly("dram_efficiency", &GpuSpec::dram_efficiency);
   m.def("features_for",
         [](const std::string& op, py::list inputs, py::list outputs, const GpuSpec& g,
            bool allow_tf32_matmul, bool allow_tf32_cudnn, bool cudnn_benchmark) {

@@ -50,6 +50,9 @@ struct GpuSpec {
   // runs its first boost_window_s at boost before the clock falls to the sustained ratio.
   // 0 = steady state (a busy GPU in a training or inference loop): all of it at the ratio.
   double boost_window_s = 0.0;
+  // Fraction of mem_bw a streaming kernel reaches (refresh, ECC, bus turnarounds take the rest):
+  // blink/hardware.py's DRAM_EFFICIENCY rule, one value per GPU in the hardware table.
+  double dram_efficiency = 0.90;
 };
 
 enum class UnitKind {

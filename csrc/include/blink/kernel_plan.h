@@ -41,13 +41,14 @@ inline constexpr double kEpilogueBytesPerClock = 64.0;
 // Fraction of DRAM bandwidth a tiled cuBLAS GEMM kernel reaches where its bytes, not its math,
 // bound it (a short K loop: each CTA loads its operand tiles, then stores its output tile in the
 // epilogue, the two not overlapped, with 1-4 CTAs per SM to hide them): well below a copy
-// kernel's kDramEfficiency. Fitted on the public GEMM rows (NeuSight FP32 bmm + linear, DeepBench
-// GEMMs), one GPU chip held out at a time (benchmarks/gemm_dram_logo.py): NeuSight's batched
-// SGEMMs with K <= 32 reach 48-63% of DRAM bandwidth on all five of its GPUs, and the other
-// chips choose 0.55 for every held-out one (0.55-0.6 in the first pass, which shipped 0.6 until
-// 2026-12-04); held-out GEMM MAPE 19.7 -> 19.2% at 0.6 (blink evaluate). Tiled plans before
-// sm_90 only: Hopper's cuBLAS runs persistent warp-specialised kernels whose epilogue overlaps
-// the next tile's loads, and no public rows measure them; GEMV kernels stream like copies.
+// kernel's GpuSpec::dram_efficiency. Fitted on the public GEMM rows (NeuSight FP32 bmm +
+// linear, DeepBench GEMMs), one GPU chip held out at a time (benchmarks/gemm_dram_logo.py):
+// NeuSight's batched SGEMMs with K <= 32 reach 48-63% of DRAM bandwidth on all five of its
+// GPUs, and the other chips choose 0.55 for every held-out one (0.55-0.6 in the first pass,
+// which shipped 0.6 until 2026-12-04); held-out GEMM MAPE 19.7 -> 19.2% at 0.6 (blink
+// evaluate). Tiled plans before sm_90 only: Hopper's cuBLAS runs persistent warp-specialised
+// kernels whose epilogue overlaps the next tile's loads, and no public rows measure them; GEMV
+// kernels stream like copies.
 inline constexpr double kGemmDramEfficiency = 0.55;
 // cuBLAS splits K only while each split keeps at least this much K (fewer steps than the
 // pipeline depth would not amortise the prologue), and at most 16 ways.

@@ -15,9 +15,8 @@ namespace blink {
 // tiniest kernels. A unit of n kernels costs at least n floors.
 inline constexpr double kLaunchFloorS = 2.5e-6;
 
-// Fraction of the spec DRAM bandwidth a large streaming kernel reaches: copy kernels measure
-// 85-92% of the HBM / GDDR figure on A100 / H100 (refresh, ECC, row switches take the rest).
-inline constexpr double kDramEfficiency = 0.85;
+// The fraction of the spec DRAM bandwidth a streaming kernel reaches is per GPU:
+// GpuSpec::dram_efficiency (blink/hardware.py DRAM_EFFICIENCY).
 // Fixed cost of a memory-bound kernel: the first loads wait a DRAM round trip (~0.6-0.8 us
 // under load) and the last wave drains. Time = latency + bytes / bandwidth is the size ramp:
 // B bytes reach B / (B + bandwidth * latency) of the bandwidth (Little's law).
