@@ -844,7 +844,9 @@ def test_cli_gpus_lists_power_and_sustained_ratio(capsys):
         assert float(line[-3]) == g.tdp_w
         assert float(line[-2]) == pytest.approx(g.sustained_fp32_ratio, abs=0.006)
         assert float(line[-1]) == pytest.approx(g.sustained_tc_ratio, abs=0.006)
+        assert head[6] == "dram" and float(line[5]) == g.dram_efficiency  # "mem GiB": 2 words
     assert "tensor-core" in out.splitlines()[-1]
+    assert "streaming kernel" in out.splitlines()[-2]
 
 
 def test_core_spec_carries_the_sustained_ratios_and_checks_them():
