@@ -156,6 +156,7 @@ class ForestEntry:
     gpus: list[str]
     forest: Any  # blink._C.Forest
     scale: float = 1.0  # time = analytic * exp(clip(scale * forest))
+    ops: list[str] = field(default_factory=list)  # the ops it corrects; empty: all of its kind
 
 
 @dataclass
@@ -334,6 +335,10 @@ def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
         gpus = e.get("gpus", [])
         if not isinstance(gpus, list):
             raise _fail(card_path, f"{what}: 'gpus' must be a list of GPU names")
+        ops = e.get("ops", [])
+        if not isinstance(ops, list) or not all(isinstance(x, str) and x for x in ops):
+            raise _fail(card_path, f"{what}: 'ops' must be a list of ATen op names (the ops "
+                                   "the forest was fitted on)")
         path = _artifact_path(d, card_path, e.get("file"), what)
         _check_sha256(card_path, path, e.get("sha256"), what)
         try:
@@ -342,11 +347,12 @@ def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
             raise ArtifactError(f"{exc}. Retrain with `blink train` (predict(..., "
                                 "predictor='analytic') skips the models).") from exc
         try:
-            unit_models.add(kind, forest, feats, lo, hi, scale)
+            unit_models.add(kind, forest, feats, lo, hi, scale, ops)
         except _C.Error as exc:
             raise _fail(card_path, f"{what}: {exc}") from exc
         forests[kind] = ForestEntry(kind, path, list(feats), (lo, hi), [str(g) for g in gpus],
-                                    forest, scale)
+                                    forest, scale,
+                                    sorted({_C.unit_model_op_key(o) for o in ops}))
     models = LearnedModels(d, card, forests, unit_models)
     conf = card.get("conformal")
     conf_path: Path | None = None

@@ -634,6 +634,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     units = []
     failed = 0
     by_trees: dict[str, int] = {}
+    outside: dict[str, dict[str, int]] = {}  # kind -> op -> units its forest was not fitted on
     for (op_id, kind, time_s, roof_s, flops, br, bw, kernels, _matched, math, err,
          (name, module, phase), source, analytic_s, _log_ratio) in cost["units"]:
         if err:
@@ -644,6 +645,10 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
             q = unit_quantile(models, kind) if models is not None else None
             if q is not None:
                 lo, hi = time_s * 1e3 * exp(-q), time_s * 1e3 * exp(q)
+        elif (not err and unit_models is not None and kind in models.forests
+              and models.forests[kind].ops):
+            ops = outside.setdefault(kind, {})
+            ops[name] = ops.get(name, 0) + 1
         units.append(UnitRow(op_id, name, module, PHASES[phase], kind, time_s * 1e3,
                              roof_s * 1e3, flops, br + bw, int(kernels), math, source, err,
                              analytic_s * 1e3, lo, hi))
@@ -655,6 +660,11 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         if unseen:
             notes.append(f"{spec.name} is not among the GPUs the {', '.join(unseen)} trees were "
                          "trained on (they extrapolate through the GPU's specs)")
+    for kind, ops in sorted(outside.items()):
+        seen = ", ".join(models.forests[kind].ops)
+        notes.append(f"{kind} units the {kind} trees were not fitted on keep the analytic time: "
+                     + ", ".join(f"{o} {n}" for o, n in sorted(ops.items()))
+                     + f" (the trees saw {seen})")
     gnn_c = cost["gnn_log_correction"]
     if gnn_c == gnn_c and models is not None:  # not NaN: a GNN corrected end_to_end_s
         k = models.gnn.members  # gnn_c is set only where models.gnn ran

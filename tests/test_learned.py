@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import blink
 from blink import learned
@@ -61,8 +62,10 @@ def _sha(path: Path) -> str:
 
 
 def _write_models(d: Path, forests: dict, conformal: dict | None = None,
-                  scales: dict[str, float] | None = None) -> Path:
-    """forests: kind -> (booster, features, clip); scales: kind -> the card's scale."""
+                  scales: dict[str, float] | None = None,
+                  ops: dict[str, list[str]] | None = None) -> Path:
+    """forests: kind -> (booster, features, clip); scales: kind -> the card's scale; ops:
+    kind -> the card's op list."""
     d.mkdir(parents=True, exist_ok=True)
     card = {"format_version": 1, "feature_schema_version": 1, "created": "test",
             "command": "tests/test_learned.py", "datasets": [], "forests": {}}
@@ -73,6 +76,8 @@ def _write_models(d: Path, forests: dict, conformal: dict | None = None,
                                  "features": features, "clip": list(clip), "gpus": ["T4"]}
         if scales and kind in scales:
             card["forests"][kind]["scale"] = scales[kind]
+        if ops and kind in ops:
+            card["forests"][kind]["ops"] = ops[kind]
     if conformal is not None:
         (d / "conformal.json").write_text(json.dumps(conformal))
         card["conformal"] = {"file": "conformal.json", "sha256": _sha(d / "conformal.json")}
@@ -172,6 +177,59 @@ def test_card_scale_shrinks_each_correction_before_the_clip(traces, tmp_path, mo
             n["norm"] += 1
     assert n["conv"] >= 15 and n["norm"] >= 15
     assert learned.load_models(tmp_path / "m").forests["conv"].scale == 0.25
+
+
+class _TwoNorms(torch.nn.Module):
+    """A batch norm and a layer norm in one model: two ops of the unit kind "norm"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.ln = torch.nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu_(self.bn(self.conv(x)))  # in place: aten::relu_, as in torchvision
+        return self.ln(y.permute(0, 2, 3, 1))
+
+
+def test_forest_corrects_only_the_ops_it_was_fitted_on(tmp_path, monkeypatch):
+    t = blink.trace_model(_TwoNorms(), input_shape=(8, 3, 32, 32))
+    up = _constant_forest(0.5, 1)
+    # a layer-norm forest (an overload and the in-place form match their base op) and an
+    # element-wise one fitted on out-of-place relu
+    _write_models(tmp_path / "m", {"norm": (up, ["numel"], (-1.0, 1.0)),
+                                   "elementwise": (up, ["numel"], (-1.0, 1.0))},
+                  ops={"norm": ["aten::native_layer_norm.default"], "elementwise": ["aten::relu"]})
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(tmp_path / "m"))
+    p = predict_trace(t, GPU)
+    by_op: dict[str, list] = {}
+    for u in p.units:
+        by_op.setdefault(u.op, []).append(u)
+    assert {"aten::native_layer_norm", "aten::cudnn_batch_norm", "aten::relu_"} <= set(by_op)
+    for op in ("aten::native_layer_norm", "aten::relu_"):
+        for u in by_op[op]:
+            assert u.source == "trees" and u.time_ms > 1.5 * u.analytic_ms
+    for u in by_op["aten::cudnn_batch_norm"]:
+        assert u.kind == "norm" and u.source == "analytic" and u.time_ms == u.analytic_ms
+    assert any("norm units the norm trees were not fitted on keep the analytic time: "
+               "aten::cudnn_batch_norm 1 (the trees saw aten::native_layer_norm)" in n
+               for n in p.notes), p.notes
+    # no op list: the forest covers every op of its kind, batch norm included
+    learned._CACHE.clear()
+    _write_models(tmp_path / "all", {"norm": (up, ["numel"], (-1.0, 1.0))})
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(tmp_path / "all"))
+    q = predict_trace(t, GPU)
+    assert all(u.source == "trees" for u in q.units if u.op == "aten::cudnn_batch_norm")
+
+
+def test_op_keys_drop_the_overload_and_the_in_place_underscore():
+    key = learned._C.unit_model_op_key
+    assert key("aten::add_.Tensor") == "aten::add"
+    assert key("aten::add.Tensor") == "aten::add"
+    assert key("aten::relu_") == "aten::relu"
+    assert key("aten::__and__.Tensor") == "aten::__and__"
+    assert key("aten::native_layer_norm") == "aten::native_layer_norm"
 
 
 def test_predictions_with_artifacts_are_deterministic(traces, tmp_path, monkeypatch):
@@ -307,6 +365,10 @@ BAD_CARDS = [
      "scale 1.500000 is not in (0, 1]"),
     ("scale-type", _card_edit(_set(["forests", "norm", "scale"], "0.5")), "card.json",
      "forests.norm.scale must be a finite number"),
+    ("ops-type", _card_edit(_set(["forests", "norm", "ops"], "aten::native_layer_norm")),
+     "card.json", "'ops' must be a list of ATen op names"),
+    ("ops-empty-name", _card_edit(_set(["forests", "norm", "ops"], [""])), "card.json",
+     "'ops' must be a list of ATen op names"),
 ]
 
 

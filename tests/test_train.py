@@ -199,6 +199,18 @@ def test_training_is_deterministic_and_the_card_validates(tmp_path):
     _validate(tmp_path / "a")
 
 
+# The ATen ops each data family's rows run (blink/data_public.py's and blink/train/data.py's
+# mappings, as the data READMEs describe them), by op key: no overload, no in-place "_".
+FAMILY_OPS = {
+    "bmm": {"aten::bmm"}, "linear": {"aten::addmm"}, "ln": {"aten::native_layer_norm"},
+    "softmax": {"aten::_softmax"}, "gemm": {"aten::mm"}, "conv_fwd": {"aten::convolution"},
+    "conv_bwd_data": {"aten::convolution_backward"},
+    "conv_bwd_filter": {"aten::convolution_backward"},
+    "elem": {"aten::add", "aten::mul", "aten::div", "aten::pow", "aten::relu", "aten::gelu",
+             "aten::tanh"},
+}
+
+
 def _validate(d: Path) -> None:
     card = json.loads((d / "card.json").read_text())
     assert card["format_version"] == 1 and card["feature_schema_version"] == 1
@@ -232,6 +244,9 @@ def _validate(d: Path) -> None:
         assert len(fc["gpus"]) >= 2, kind
         m = fc["metrics"]
         assert m["trees"]["n"] == fc["rows"] and math.isfinite(m["trees"]["mape"])
+        # predict corrects only the ops the rows ran (a layer-norm forest not a batch norm)
+        want = set().union(*(FAMILY_OPS[f] for f in fc["families"]))
+        assert set(fc["ops"]) == want, (kind, fc["ops"])
     conf = json.loads((d / card["conformal"]["file"]).read_text())
     assert conf["format_version"] == 1 and conf["coverage"] == 0.9
     assert set(conf["unit"]) == set(card["forests"])
@@ -250,8 +265,9 @@ def test_shipped_forest_predictions_are_xgboosts(small_tables):
     if not (MODELS / "card.json").is_file():
         pytest.skip("no shipped models/card.json")
     card = json.loads((MODELS / "card.json").read_text())
-    t = small_tables["elementwise"]
-    fc = card["forests"]["elementwise"]
+    kind = sorted(set(card["forests"]) & set(small_tables))[0]
+    t = small_tables[kind]
+    fc = card["forests"][kind]
     idx = [t.features.index(n) if n in t.features else -1 for n in fc["features"]]
     X = np.array([[row[i] if i >= 0 else math.nan for i in idx] for row in t.X])
     booster = xgboost.Booster()

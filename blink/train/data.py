@@ -27,8 +27,11 @@ from typing import Any
 import numpy as np
 
 from .. import data_public
+from .._ext import load
 from ..collect.dataset import sha256_file
 from ..cost import core_gpu_fields, tensor_arg, unit_features
+
+_C = load()
 
 __all__ = [
     "DEEPBENCH_GPUS",
@@ -144,6 +147,7 @@ class UnitSample:
     batch: int       # the data's batch dimension (for batch-extrapolation splits)
     shape: str       # the row's shape key, equal on every GPU (for calibration splits)
     weight: float = 1.0
+    op: str = ""     # the ATen op the row ran ("aten::native_layer_norm"): what its forest covers
 
     @property
     def kind(self) -> str:
@@ -196,7 +200,8 @@ def load_neusight(root: Path, max_rows_per_file: int | None = None, seed: int = 
             else:
                 b = r.dims[0]
             out.append(UnitSample("neusight-train", fam, canonical[r.gpu], f, r.latency_s, int(b),
-                                  f"{fam}:{r.op}:{'x'.join(map(str, r.dims))}"))
+                                  f"{fam}:{r.op}:{'x'.join(map(str, r.dims))}",
+                                  op=data_public.map_row(r).op_name))
     return out
 
 
@@ -299,7 +304,7 @@ def load_deepbench(root: Path, gpus: Iterable[str] | None = None) -> list[UnitSa
         f = unit_features(op, ins, outs, gpu)
         out.append(UnitSample("deepbench", "gemm", gpu, f, t_us * 1e-6, n,
                               f"gemm:{rec['precision']}:{m}x{n}x{k}:{rec['a_trans']}"
-                              f"{rec['b_trans']}", DEEPBENCH_GEMM_WEIGHT))
+                              f"{rec['b_trans']}", DEEPBENCH_GEMM_WEIGHT, op=op))
     ints = ("n", "c", "h", "w", "k", "r", "s", "pad_h", "pad_w", "stride_h", "stride_w",
             "out_h", "out_w")
     for rec, gpu, t_us in _deepbench_training_rows(db / "conv.csv.gz", known):
@@ -311,7 +316,8 @@ def load_deepbench(root: Path, gpus: Iterable[str] | None = None) -> list[UnitSa
         f = unit_features(op, ins, outs, gpu, cudnn_benchmark=True)
         shape = "x".join(str(r[c]) for c in ints)
         out.append(UnitSample("deepbench", f"conv_{rec['direction']}", gpu, f, t_us * 1e-6,
-                              r["n"], f"conv:{rec['precision']}:{rec['direction']}:{shape}"))
+                              r["n"], f"conv:{rec['precision']}:{rec['direction']}:{shape}",
+                              op=op))
     return out
 
 
@@ -492,7 +498,9 @@ def tables_by_kind(rows: list[UnitSample]) -> dict[str, KindTable]:
             dataset=np.array([r.dataset for r in rs]), family=np.array([r.family for r in rs]),
             batch=np.array([r.batch for r in rs]), shape=np.array([r.shape for r in rs]),
             meta={"math_modes": [m for m in MATH_MODES
-                                 if m in {str(r.feats.get("math_mode")) for r in rs}]})
+                                 if m in {str(r.feats.get("math_mode")) for r in rs}],
+                  # the ops the forest may correct (blink::UnitModel::ops); "" rows: unknown
+                  "ops": sorted({_C.unit_model_op_key(r.op) for r in rs if r.op})})
     return out
 
 

@@ -175,6 +175,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
             "math_modes": _math_modes(t),
             "datasets": sorted(set(t.dataset.tolist())),
             "families": sorted(set(t.family.tolist())),
+            # predict applies the forest to these ops only (blink::UnitModel::ops)
+            "ops": list(t.meta.get("ops", [])),
             "params": _params(FOREST_PARAMS, rounds),
             "metrics": {"split": "leave-one-GPU-out (chips)",
                         "analytic": _m(metrics(t.analytic_s, t.measured_s)),

@@ -69,9 +69,16 @@ bool unit_kind_from_name(const std::string& name, UnitKind* kind) {
   return false;
 }
 
+std::string unit_model_op_key(const std::string& op_name) {
+  std::string key = op_name.substr(0, op_name.find('.'));
+  // "aten::__and__" is a name of its own; only a single trailing underscore marks in-place.
+  if (key.size() > 1 && key.back() == '_' && key[key.size() - 2] != '_') key.pop_back();
+  return key;
+}
+
 void UnitModels::add(const std::string& kind, std::shared_ptr<const Forest> forest,
                      const std::vector<std::string>& features, double clip_lo, double clip_hi,
-                     double scale) {
+                     double scale, const std::vector<std::string>& ops) {
   BLINK_CHECK(forest != nullptr, "UnitModels.add: no forest for kind \"" + kind + "\"");
   const std::string& src = forest->source;
   UnitModel m;
@@ -103,6 +110,11 @@ void UnitModels::add(const std::string& kind, std::shared_ptr<const Forest> fore
     BLINK_CHECK(forest->feature_names == features,
                 src + ": the forest's own feature names differ from the card's list");
   }
+  for (const std::string& op : ops) {
+    BLINK_CHECK(!op.empty(), src + ": an empty op name in the forest's op list");
+    const std::string key = unit_model_op_key(op);
+    if (std::find(m.ops.begin(), m.ops.end(), key) == m.ops.end()) m.ops.push_back(key);
+  }
   m.forest = std::move(forest);
   m.clip_lo = clip_lo;
   m.clip_hi = clip_hi;
@@ -123,7 +135,8 @@ std::vector<std::string> UnitModels::kinds() const {
   return out;
 }
 
-LearnedResult apply_unit_models(TraceCost& cost, const UnitModels& models, const GpuSpec& gpu) {
+LearnedResult apply_unit_models(const TraceData& trace, TraceCost& cost, const UnitModels& models,
+                                const GpuSpec& gpu) {
   LearnedResult r;
   const size_t n = cost.units.size();
   r.analytic_s.resize(n);
@@ -135,6 +148,16 @@ LearnedResult apply_unit_models(TraceCost& cost, const UnitModels& models, const
     if (!u.error.empty() || !(u.time_s > 0.0)) continue;
     const UnitModel* m = models.find(u.features.kind);
     if (m == nullptr) continue;
+    if (!m->ops.empty()) {
+      BLINK_CHECK(u.op >= 0 && static_cast<size_t>(u.op) < trace.ops.size(),
+                  "apply_unit_models: unit " + std::to_string(i) + " names op " +
+                      std::to_string(u.op) + ", not an op of the trace it was costed from");
+      const int32_t name = trace.ops[static_cast<size_t>(u.op)].name;
+      const std::string key = name >= 0 && static_cast<size_t>(name) < trace.names.size()
+                                  ? unit_model_op_key(trace.names[static_cast<size_t>(name)])
+                                  : std::string();
+      if (std::find(m->ops.begin(), m->ops.end(), key) == m->ops.end()) continue;
+    }
     const std::vector<double> all = unit_model_inputs(u.features, u.time_s, gpu);
     row.resize(m->columns.size());
     for (size_t c = 0; c < m->columns.size(); ++c) row[c] = all[static_cast<size_t>(m->columns[c])];

@@ -494,7 +494,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             {
               py::gil_scoped_release release;
               c = cost_trace(d, meta_device(), g, o, h);
-              if (models) lr = apply_unit_models(c, *models, g);
+              if (models) lr = apply_unit_models(d, c, *models, g);
               uncorrected = c.end_to_end_s;
               if (gnn) {
                 correction = gnn->forward(build_unit_graph(d, c, models ? &lr : nullptr, g));
@@ -527,7 +527,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             {
               py::gil_scoped_release release;
               c = cost_trace(d, meta_device(), g, o);
-              if (models) lr = apply_unit_models(c, *models, g);
+              if (models) lr = apply_unit_models(d, c, *models, g);
               graph = build_unit_graph(d, c, models ? &lr : nullptr, g);
             }
             return graph_to_python(c, graph);
@@ -709,7 +709,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<UnitModels, std::shared_ptr<UnitModels>>(m, "UnitModels")
       .def(py::init<>())
       .def("add", &UnitModels::add, py::arg("kind"), py::arg("forest"), py::arg("features"),
-           py::arg("clip_lo") = -4.0, py::arg("clip_hi") = 4.0, py::arg("scale") = 1.0)
+           py::arg("clip_lo") = -4.0, py::arg("clip_hi") = 4.0, py::arg("scale") = 1.0,
+           py::arg("ops") = std::vector<std::string>{},
+           "A forest for units of `kind`; `ops` (ATen names) restricts it to the ops it was "
+           "fitted on (empty: every op of the kind).")
       .def("kinds", &UnitModels::kinds);
   py::class_<Gnn, std::shared_ptr<Gnn>>(m, "Gnn")
       .def_readonly("source", &Gnn::source)
@@ -756,6 +759,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
     return d;
   }, py::arg("gpu"));
+  m.def("unit_model_op_key", &unit_model_op_key, py::arg("op_name"),
+        "The key a forest's op list matches: the name without overload or in-place '_'.");
   m.def("unit_kind_names", []() {
     std::vector<std::string> out;
     for (int k = 0; k <= static_cast<int>(UnitKind::kOther); ++k)

@@ -18,6 +18,7 @@
 #include "blink/cost_model.h"
 #include "blink/features.h"
 #include "blink/forest.h"
+#include "blink/trace_types.h"
 
 namespace blink {
 
@@ -31,12 +32,21 @@ std::vector<double> unit_model_inputs(const UnitFeatures& f, double analytic_s, 
 // The unit kind named `name` (unit_kind_name's inverse); false when no kind has that name.
 bool unit_kind_from_name(const std::string& name, UnitKind* kind);
 
+// The key a forest's op list is matched on: the ATen name without its overload and without an
+// in-place variant's trailing underscore ("aten::add_.Tensor" -> "aten::add"): an in-place op
+// runs the same kernel as its out-of-place twin, an overload the same one on other arguments.
+std::string unit_model_op_key(const std::string& op_name);
+
 struct UnitModel {
   UnitKind kind = UnitKind::kOther;
   std::shared_ptr<const Forest> forest;
   std::vector<int32_t> columns;  // per forest input: index into unit_model_input_names()
   double clip_lo = -4.0, clip_hi = 4.0;
   double scale = 1.0;  // applied to the forest's output before the clip
+  // The op keys (unit_model_op_key) of the rows the forest was fitted on; empty: every op of
+  // its kind. A layer-norm forest says nothing about a batch norm's kernel, so a unit whose op
+  // is not listed keeps its analytic time.
+  std::vector<std::string> ops;
 };
 
 class UnitModels {
@@ -44,10 +54,10 @@ class UnitModels {
   // Adds the forest for units of `kind` (a unit_kind_name). Throws blink::Error naming the
   // forest's file when the kind is unknown or already has a model, a feature name is not an
   // input name, the number of names differs from the forest's num_features, the clip range
-  // is not finite with lo <= hi, or scale is not in (0, 1].
+  // is not finite with lo <= hi, scale is not in (0, 1], or an op name is empty.
   void add(const std::string& kind, std::shared_ptr<const Forest> forest,
            const std::vector<std::string>& features, double clip_lo, double clip_hi,
-           double scale = 1.0);
+           double scale = 1.0, const std::vector<std::string>& ops = {});
   const UnitModel* find(UnitKind kind) const;  // nullptr when no model covers the kind
   std::vector<std::string> kinds() const;
   bool empty() const { return models_.empty(); }
@@ -62,10 +72,12 @@ struct LearnedResult {
   int64_t covered = 0;             // units whose time came from a forest
 };
 
-// Applies the models to a costed trace: every unit with a model for its kind, no feature
-// error and a positive analytic time gets time_s = analytic * exp(clip(scale * p)); then the issues'
+// Applies the models to a costed trace (`trace` the one it was costed from, for op names):
+// every unit with a model for its kind that lists its op, no feature error and a positive
+// analytic time gets time_s = analytic * exp(clip(scale * p)); then the issues'
 // GPU times, the timeline and the totals are recomputed (retime_trace). lower_bound_s (the
 // roofline timeline) is unchanged.
-LearnedResult apply_unit_models(TraceCost& cost, const UnitModels& models, const GpuSpec& gpu);
+LearnedResult apply_unit_models(const TraceData& trace, TraceCost& cost, const UnitModels& models,
+                                const GpuSpec& gpu);
 
 }  // namespace blink
