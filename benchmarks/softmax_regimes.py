@@ -5,7 +5,8 @@
 Data: NeuSight's softmax rows (shared/data/public/neusight-train; `torch.softmax(x, 1)` on
 (B, H) FP32, H 515-4094; PyTorch 2.1, CUDA 12.1) on P4, P100, T4, V100-PCIe and
 A100-PCIe-40GB, as kernel times (blink.train's event floors taken off, floor-dominated rows
-dropped), against the analytic time of the shipped cost rules (the default GpuSpec).
+dropped), against the analytic time of the shipped cost rules (the default GpuSpec; short
+rows include kWarpSoftmaxSlowdown, fitted on these rows: their figures are in sample).
 
 aten/src/ATen/native/cuda/SoftMax.cu runs rows of <= 1024 elements with the persistent warp
 softmax (the row in registers: one input pass) and longer rows with the block kernels

@@ -321,6 +321,32 @@ def test_softmax_rows():
     assert kind(f) == "softmax" and (f["outer"], f["inner"]) == (8 * 12 * 512, 256)
 
 
+def test_short_row_forward_softmax_streams_at_the_warp_kernels_rate():
+    """Rows of <= 1024 elements run the persistent warp softmax (kWarpSoftmaxSlowdown below the
+    element-wise rate); a 2048-element row runs the block kernel (two input passes) and the
+    backward keeps the element-wise rate."""
+    rows = 1 << 16
+
+    def softmax(n, op="aten::_softmax"):
+        x = t((rows, n))
+        if op == "aten::_softmax":
+            return feats(op, [x, i(-1), b(False)], [t((rows, n))])
+        return feats(op, [t((rows, n)), x, i(-1), i(6)], [t((rows, n))])
+
+    def relu(n):  # the same bytes read and written, streamed by the element-wise kernel
+        return feats("aten::relu", [t((rows, n))], [t((rows, n))])
+
+    short, long_ = softmax(1024), softmax(2048)
+    assert short["warp_softmax"] and not long_["warp_softmax"]
+    assert short["input_passes"] == 1 and long_["input_passes"] == 2
+    ratio = short["analytic_time_s"] / relu(1024)["analytic_time_s"]
+    assert ratio == pytest.approx(_C.kWarpSoftmaxSlowdown, rel=0.02) and ratio > 1.15
+    # the block kernel: input twice and the output once, 3 / 2 of relu's bytes
+    assert long_["analytic_time_s"] / relu(2048)["analytic_time_s"] == pytest.approx(1.5, rel=0.02)
+    back = softmax(1024, "aten::_softmax_backward_data")
+    assert not back["warp_softmax"]
+
+
 def test_elementwise_broadcast_input_is_read_once():
     x, y = t((64, 1024)), t((64, 1024))
     expect = (64 * 1024 + 1024) * 4

@@ -63,8 +63,9 @@ GPU_FEATURES = ("gpu_sm_count", "gpu_clock_hz", "gpu_mem_bw", "gpu_l2_bytes", "g
 
 # Keys of features_for() that are not inputs of a forest: the unit kind (one forest per kind)
 # and the host-side dispatch time (not a GPU-time feature; not in blink::feature_values), and
-# the permuted-access flag (analytic_time_s applies it; the forests see its time).
-_NOT_FEATURES = ("kind", "host_dispatch_time_s", "error", "permuted")
+# the permuted-access and warp-softmax flags (analytic_time_s applies them; the forests see
+# their time).
+_NOT_FEATURES = ("kind", "host_dispatch_time_s", "error", "permuted", "warp_softmax")
 
 # Unit fields the forests do not take although the core computes them: the dtype (c10
 # ScalarType code) and the math mode (blink::MathMode code) are enum codes whose order means

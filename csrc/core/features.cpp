@@ -662,6 +662,7 @@ Tiling f_softmax(const Ctx& c, const Rule& r, UnitFeatures& f) {
   // a sum pass (ilpReduce) before the write pass; the smem variant re-reads from shared
   // memory, but the reduction passes still stream the row: two input passes.
   f.input_passes = inner <= 1024 ? 1.0 : 2.0;
+  f.warp_softmax = inner <= 1024 && c.op.find("backward") == std::string::npos;
   return rowwise_tiling();
 }
 

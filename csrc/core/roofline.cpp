@@ -63,6 +63,7 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
                                          f.l2_hit_bytes * (1.0 - 1.0 / kL2VsDramBandwidth));
   double bw = g.mem_bw * g.dram_efficiency;
   if (f.permuted) bw /= kPermutedCopySlowdown;  // the gathering, non-vectorised kernel
+  if (f.warp_softmax) bw /= kWarpSoftmaxSlowdown;  // scalar loads, a warp per row
   if (bytes > 0) {
     if (f.channel_cta_bw_share > 0) {
       bw *= f.channel_cta_bw_share;  // a CTA per channel (cuDNN's NCHW training batch norm)

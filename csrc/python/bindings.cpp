@@ -434,6 +434,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("kSimtGemmBaseEfficiency") = kSimtGemmBaseEfficiency;
   m.attr("kGemmDramEfficiency") = kGemmDramEfficiency;
   m.attr("kPermutedCopySlowdown") = kPermutedCopySlowdown;
+  m.attr("kWarpSoftmaxSlowdown") = kWarpSoftmaxSlowdown;
   m.attr("kSerialLoopIterationS") = kSerialLoopIterationS;
   m.attr("kGnnMinUnitUs") = kGnnMinUnitUs;
   m.attr("kConvSimtPowerFraction") = kConvSimtPowerFraction;
@@ -591,6 +592,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
               row["host_dispatch_time_s"] = host_dispatch_time_s(op_full_name(d, op));
               row["error"] = u.error;
               row["permuted"] = u.features.permuted;
+              row["warp_softmax"] = u.features.warp_softmax;
               rows.append(row);
             }
             return rows;
@@ -892,6 +894,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           d["analytic_time_s"] = analytic_time_s(f, g);
           d["host_dispatch_time_s"] = host_dispatch_time_s(op);
           d["permuted"] = f.permuted;
+          d["warp_softmax"] = f.warp_softmax;
           return d;
         },
         py::arg("op_name"), py::arg("inputs"), py::arg("outputs"), py::arg("gpu"),

@@ -186,6 +186,10 @@ struct UnitFeatures {
   // (or written) across its stride along the output's innermost dim, so PyTorch's
   // non-vectorised, gathering kernel runs it (kPermutedCopySlowdown). Not a forest input.
   bool permuted = false;
+  // A forward softmax / log-softmax over rows of <= 1024 elements: PyTorch's persistent warp
+  // softmax (softmax_warp_forward), which streams below the element-wise rate
+  // (kWarpSoftmaxSlowdown). Not a forest input.
+  bool warp_softmax = false;
   // Input bytes a steady-state run finds in L2 (written by the units just before and not yet
   // evicted), set by the cost stage over a whole trace (cost_model.cpp), 0 for a lone unit.
   double l2_hit_bytes = 0.0;

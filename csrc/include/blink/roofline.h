@@ -59,6 +59,19 @@ inline constexpr double kSerialLoopIterationS = 3.0e-7;
 // error). CaiT's talking-heads permutes and XCiT / VOLO's NCHW <-> token reshapes are the
 // models it moves most.
 inline constexpr double kPermutedCopySlowdown = 1.75;
+// A forward softmax over rows of <= 1024 elements (aten/src/ATen/native/cuda/SoftMax.cu
+// dispatch_softmax_forward -> softmax_warp_forward: a warp per row, the row held in registers,
+// each thread loading its WARP_ITERATIONS elements one scalar load at a time, then two warp-
+// shuffle reductions before the write) takes this many times the DRAM time of its bytes
+// streamed by the vectorised element-wise kernel. Fitted on the public NeuSight softmax rows
+// (shared/data/public/neusight-train; FP32, PyTorch 2.1, rows of 515-1024 elements) as kernel
+// times: the median measured / analytic over the five GPUs' medians (A100 1.10, P100 1.24,
+// P4 1.08, T4 1.24, V100 1.27). Held out one GPU at a time (the median of the other four,
+// 1.17-1.24), these rows' analytic MAPE goes 14.8 -> 9.3% (A100 10.8 -> 10.9, P100 19.5 ->
+// 6.1, P4 6.7 -> 15.8, T4 18.3 -> 5.9, V100 18.9 -> 7.8; benchmarks/softmax_regimes.py prints
+// the per-GPU rates). The backward (softmax_warp_backward) is not in the data and keeps the
+// element-wise rate.
+inline constexpr double kWarpSoftmaxSlowdown = 1.24;
 // Share of L2 a steady-state working set may use and still be found there by the next unit
 // (the rest holds weights, other streams' lines, and set conflicts evict early).
 inline constexpr double kL2ResidentFraction = 0.5;
