@@ -27,11 +27,8 @@ from typing import Any
 import numpy as np
 
 from .. import data_public
-from .._ext import load
 from ..collect.dataset import sha256_file
-from ..cost import core_gpu_fields, tensor_arg, unit_features
-
-_C = load()
+from ..cost import _C, core_gpu_fields, tensor_arg, unit_features
 
 __all__ = [
     "DEEPBENCH_GPUS",
