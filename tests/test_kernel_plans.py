@@ -306,6 +306,32 @@ def test_fp32_gemm_plans_use_the_kernels_cublas_ran():
                 assert hits[gpu] / n >= 0.95, (gpu, hits[gpu], n)
 
 
+def test_k_splits_follow_the_grids_cublas_ran():
+    # NeuSight's nn.Linear rows record the grid of the kernel cuBLAS ran: gridDim.z is its K
+    # split. cuBLAS splits K to fill an under-occupied GPU, not to even out the last of several
+    # waves, and Ampere's kernels only for a grid smaller than the GPU
+    # (kSplitKMaxTilesPerSm, csrc/include/blink/kernel_plan.h). The plan splits where cuBLAS
+    # did in most rows on every GPU (the A100 agreed in 55% of rows while any split that evened
+    # out a wave was taken).
+    from collections import Counter
+
+    from blink import data_public as dp
+
+    root = dp.data_dir()
+    if root is None:
+        pytest.skip("public NeuSight data not present (shared/data/public/neusight-train)")
+    agree: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    for r in dp.load_family(root, "linear")[::10]:
+        f = dp.predict(r)
+        total[r.gpu] += 1
+        agree[r.gpu] += (f["split_k"] > 1) == (r.grid[2] > 1)
+    assert len(total) == 5
+    for gpu, n in total.items():
+        want = 0.9 if get_gpu(gpu).compute_capability[0] == 6 else 0.7
+        assert agree[gpu] / n >= want, (gpu, agree[gpu], n)
+
+
 def test_linear_with_a_bias_has_no_gemv_path():
     # aten::linear with a 1-D bias is addmm through cublasLt's bias epilogue, which runs tiled
     # kernels (NeuSight's Kernels column: *_sgemm_* + splitKreduce_kernel, never gemv) even for

@@ -5,8 +5,9 @@
 // GPU from a family of tile shapes, split-K factors and, from sm_90 on, stream-K / persistent
 // schedules, aiming for the fastest. Blink models the candidates below and keeps the fastest
 // predicted one, so a GEMM whose tiles would leave a mostly empty last wave is not charged for
-// it when a smaller tile or a K split fills the GPU. GEMMs with M or N <= kGemvMaxDim run the
-// memory-bound GEMV / small-N kernels (cublas gemv, gemvx, gemmSN).
+// it when a smaller tile fills the GPU; a K split only where the output tiles alone would leave
+// SMs idle (kSplitKMaxTilesPerSm, as the grids cuBLAS launched show). GEMMs with M or N <=
+// kGemvMaxDim run the memory-bound GEMV / small-N kernels (cublas gemv, gemvx, gemmSN).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -204,10 +205,12 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
     const double fixed_clk =
         kCtaPrologueClocks + static_cast<double>(ts.m * ts.n) * ob / kEpilogueBytesPerClock / c;
     const double eff = base * ts.efficiency;
-    const int max_split = static_cast<int>(std::min<double>(
+    int max_split = static_cast<int>(std::min<double>(
         p.max_split, std::max(1.0, std::floor(k / kSplitKMinK))));
+    // cuBLAS splits K only for a grid of output tiles too small for the GPU (kernel_plan.h).
+    if (p.cublas && out_tiles > split_k_max_tiles_per_sm(g.cc_major) * sms) max_split = 1;
     for (int split = 1; split <= max_split; split = split < 4 ? split + 1 : split * 2) {
-      // Every split is tried: one pays off when it evens out the last wave (its partial-sum
+      // Every allowed split is tried: one pays off when it fills idle SMs (its partial-sum
       // traffic and reduce kernel are charged below, so a full GPU keeps split = 1).
       const double ks = std::ceil(k / split);
       const double ctas = out_tiles * split;

@@ -54,6 +54,22 @@ inline constexpr double kGemmDramEfficiency = 0.55;
 // pipeline depth would not amortise the prologue), and at most 16 ways.
 inline constexpr double kSplitKMinK = 128.0;
 inline constexpr int kSplitKMax = 16;
+// ... and only while the output tiles would leave SMs idle: cuBLAS splits K to fill the GPU, not
+// to even out the last of several waves. Read off the grids of the public NeuSight nn.Linear
+// rows (shared/data/public/neusight-train, cublasLt SGEMM, PyTorch 2.1 / CUDA 12.1: gridDim.z
+// is the K split, gridDim.x * y the output tiles): the A100's ampere_sgemm_* kernels split K in
+// 99% of rows with fewer output tiles than SMs and 0.3% of those with over 1.5x its SMs; the
+// Pascal, Volta and Turing boards' maxwell / volta_sgemm_* kernels split K in 44-97% of rows
+// up to 6-8x their SMs and in none (P100, P4) or 14-17% (V100, T4) beyond 12x. Per
+// architecture: sm_80 and newer, 1.5 tiles per SM (no public grids of sm_90 cuBLAS: taken as
+// Ampere's; its stream-K evens out the last wave instead); older, 8. The plan's split agrees with
+// cuBLAS's (split or not) in 73% (A100) to 94% (Pascal) of those rows, from 55-85% when any
+// split that evened out a wave was taken (tests/test_kernel_plans.py).
+inline constexpr double kSplitKMaxTilesPerSm = 8.0;
+inline constexpr double kSplitKMaxTilesPerSmSm80 = 1.5;
+inline double split_k_max_tiles_per_sm(int cc_major) {
+  return cc_major >= 8 ? kSplitKMaxTilesPerSmSm80 : kSplitKMaxTilesPerSm;
+}
 // cuDNN's weight-gradient kernels reduce over N * output spatial (the implicit GEMM's K, often
 // 10^5-10^6) and parallelise that reduction across many CTAs (CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0
 // / _1 accumulate partial filters), far beyond cuBLAS's split-K.
