@@ -17,7 +17,8 @@ A100-PCIe-40GB (shared/data/public/neusight-train; blink/data_public.py maps the
    fitted on the same four GPUs: the grid value with the lowest median APE of the analytic
    time over their bmm + linear rows (only the power-limited ones move).
 4. The held-out GPU's GEMM rows are costed by the C++ engine with ratio 1 (before) and with the
-   fold's ratio and window (after): MAPE and median APE of blink's analytic time, per family.
+   fold's ratio and window (after): MAPE and median APE of blink's analytic time, per family,
+   against kernel time (NeuSight's event floor taken off as blink train does).
 
 The constants shipped in blink/hardware.py are the fit on all five GPUs (printed last).
 
@@ -42,11 +43,12 @@ from pathlib import Path
 from blink import data_public as dp
 from blink import hardware
 from blink.cost import _C, core_gpu_spec
+from blink.train import data as td
 
 MIN_FLOP = 2e10
 SIMT_GEMM_EFFICIENCY = float(_C.kSimtGemmBaseEfficiency)  # csrc/include/blink/kernel_plan.h
 GRID = [10.0 + 0.05 * i for i in range(601)]  # W per 16 nm-class TFLOP/s, 10 .. 40
-WINDOWS = [0.0, 0.25e-3, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3]  # s
+WINDOWS = [0.0, 0.1e-3, 0.175e-3, 0.25e-3, 0.35e-3, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3]  # s
 LONG_KERNEL_S = 3e-3  # long enough that no boost window (the old fit: 1 ms) shapes their time
 TC_GRID = [0.01 + 0.002 * i for i in range(246)]  # tensor-core energy per FLOP / FP32's, .01-.5
 CONV_GRID = [0.3 + 0.005 * i for i in range(141)]  # CUDA-core conv power per FLOP / SGEMM's, .3-1
@@ -79,6 +81,22 @@ def fit(gpus: list[hardware.GPUSpec], observed: dict[str, float]) -> float:
 _MAPPED: dict[int, dp.MappedOp] = {}
 
 
+# Kernel time of each row: its latency less the NeuSight event floor of its GPU and family, as
+# blink train takes it off (blink/train/data.py); rows under NEUSIGHT_FLOOR_KEEP x the floor are
+# left out. With the floor left on, short kernels looked slow and every window fit 0.
+_KERNEL_S: dict[int, float] = {}
+
+
+def kernel_rows(rows: list[dp.Row], floor_s: float) -> list[dp.Row]:
+    """`rows` whose kernel time is known, each row's kernel time recorded in _KERNEL_S."""
+    out = []
+    for r in rows:
+        if r.latency_s >= td.NEUSIGHT_FLOOR_KEEP * floor_s:
+            _KERNEL_S[id(r)] = r.latency_s - floor_s
+            out.append(r)
+    return out
+
+
 def apes(rows: list[dp.Row], spec: hardware.GPUSpec, window_s: float) -> list[float]:
     core = core_gpu_spec(spec, boost_window_s=window_s)
     out = []
@@ -87,7 +105,8 @@ def apes(rows: list[dp.Row], spec: hardware.GPUSpec, window_s: float) -> list[fl
         if m is None:
             m = _MAPPED[id(r)] = dp.map_row(r)
         t = _C.features_for(m.op_name, m.inputs, m.outputs, core, False, True)["analytic_time_s"]
-        out.append(abs(t - r.latency_s) / r.latency_s)
+        k = _KERNEL_S.get(id(r), r.latency_s)
+        out.append(abs(t - k) / k)
     return out
 
 
@@ -124,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
                   for fam in ("bmm", "linear")} for dev in dp.DEVICES}
     observed = {specs[d].name: observed_ratio(rows[d]["bmm"] + rows[d]["linear"], specs[d])
                 for d in dp.DEVICES}
+    floors: dict[tuple[str, str], float] = {}
+    td.load_units(root.parent, neusight_rows_per_file=args.max_rows_per_file,
+                  neusight_mixed_rows=10, floors=floors)
+    rows = {d: {fam: kernel_rows(rs, floors.get((specs[d].name, fam), 0.0))
+                for fam, rs in fams.items()} for d, fams in rows.items()}
     print(f"rows: bmm + linear, FP32; observed ratio = p95(FLOP/s / peak) / "
           f"{SIMT_GEMM_EFFICIENCY} over rows >= {MIN_FLOP:.0e} FLOP, clipped to 1")
     print(f"{'held out':<16} {'W/TF':>6} {'window':>7} {'obs':>6} {'pred':>6} | "
@@ -167,7 +191,7 @@ def _median(v: list[float]) -> float:
 
 def _log_ratios(rows: list, spec: hardware.GPUSpec, tc_ratio: float) -> list[float]:
     """log(measured / analytic) of (time_s, (op, inputs, outputs)) rows at `tc_ratio`."""
-    core = core_gpu_spec(dataclasses.replace(spec, sustained_tc_ratio=tc_ratio))
+    core = core_gpu_spec(dataclasses.replace(spec, sustained_tc_ratio=tc_ratio), 0.0)
     return [math.log(time_s / _C.features_for(*op, core, False, False, True)["analytic_time_s"])
             for time_s, op in rows]
 
@@ -218,7 +242,7 @@ def conv_simt_fit(root: Path) -> None:
         # out as min(1, ratio / e).
         spec = dataclasses.replace(gpu, sustained_fp32_ratio=min(
             1.0, gpu.sustained_fp32_ratio * shipped / e))
-        core = core_gpu_spec(spec)
+        core = core_gpu_spec(spec, 0.0)  # DeepBench: loop means (blink/data_deepbench.py)
         return [math.log(t / _C.features_for(*op, core, False, False, True)["analytic_time_s"])
                 for t, op in rs]
 

@@ -64,10 +64,12 @@ def tensor_arg(shape: tuple[int, ...], dtype_code: int, stride: tuple[int, ...] 
 
 def unit_features(op_name: str, inputs: list, outputs: list, gpu: GPUSpec | str, *,
                   allow_tf32_matmul: bool = False, allow_tf32_cudnn: bool = True,
-                  cudnn_benchmark: bool = False) -> dict:
+                  cudnn_benchmark: bool = False,
+                  boost_window_s: float = BOOST_WINDOW_S) -> dict:
     """Features, `analytic_time_s` and `host_dispatch_time_s` of one op (raw-format args), as
-    a lone unit (no trace-level context such as L2 residency)."""
-    return _C.features_for(op_name, inputs, outputs, core_gpu_spec(gpu),
+    a lone unit (no trace-level context such as L2 residency), timed alone after an idle GPU
+    (boost_window_s: blink.hardware.BOOST_WINDOW_S; 0 for the average of a long loop)."""
+    return _C.features_for(op_name, inputs, outputs, core_gpu_spec(gpu, boost_window_s),
                            allow_tf32_matmul, allow_tf32_cudnn, cudnn_benchmark)
 
 

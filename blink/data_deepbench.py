@@ -112,9 +112,12 @@ def map_row(row: Row) -> tuple[str, list, list]:
 
 def predict(row: Row, cudnn_benchmark: bool = True) -> dict[str, Any]:
     """blink.cost.unit_features of the row's op on its GPU. DeepBench chose algorithms with
-    cudnnFind* (measured), hence cudnn_benchmark=True; these GPUs have no TF32."""
+    cudnnFind* (measured), hence cudnn_benchmark=True; these GPUs have no TF32. Its times are
+    the mean of a loop of repeats, which keeps a power-capped board at its sustained clock: no
+    boost window (blink.hardware.BOOST_WINDOW_S)."""
     from .cost import unit_features
 
     op, ins, outs = map_row(row)
     return unit_features(op, ins, outs, row.gpu, allow_tf32_matmul=False,
-                         allow_tf32_cudnn=False, cudnn_benchmark=cudnn_benchmark)
+                         allow_tf32_cudnn=False, cudnn_benchmark=cudnn_benchmark,
+                         boost_window_s=0.0)

@@ -299,7 +299,8 @@ def load_deepbench(root: Path, gpus: Iterable[str] | None = None) -> list[UnitSa
         m, n, k = int(rec["m"]), int(rec["n"]), int(rec["k"])
         dtype = _F32 if rec["precision"] == "fp32" else _F16
         op, ins, outs = deepbench_gemm_op(m, n, k, rec["a_trans"], rec["b_trans"], dtype)
-        f = unit_features(op, ins, outs, gpu)
+        # Loop means: no boost window (blink.data_deepbench.predict).
+        f = unit_features(op, ins, outs, gpu, boost_window_s=0.0)
         out.append(UnitSample("deepbench", "gemm", gpu, f, t_us * 1e-6, n,
                               f"gemm:{rec['precision']}:{m}x{n}x{k}:{rec['a_trans']}"
                               f"{rec['b_trans']}", DEEPBENCH_GEMM_WEIGHT, op=op))
@@ -311,7 +312,7 @@ def load_deepbench(root: Path, gpus: Iterable[str] | None = None) -> list[UnitSa
         op, ins, outs = deepbench_conv_op(r, rec["direction"], _F16 if fp16 else _F32, fp16)
         # cuDNN TF32 does not exist before Ampere; the flag only matters on newer GPUs.
         # DeepBench picked algorithms with cudnnFind* (measured): cudnn.benchmark's choice.
-        f = unit_features(op, ins, outs, gpu, cudnn_benchmark=True)
+        f = unit_features(op, ins, outs, gpu, cudnn_benchmark=True, boost_window_s=0.0)
         shape = "x".join(str(r[c]) for c in ints)
         out.append(UnitSample("deepbench", f"conv_{rec['direction']}", gpu, f, t_us * 1e-6,
                               r["n"], f"conv:{rec['precision']}:{rec['direction']}:{shape}",

@@ -98,9 +98,10 @@ inline constexpr double kConvVsGemmEfficiency = 0.85;
 // the public DeepBench fp32 convolutions (shared/data/public/deepbench, cuDNN 7.6, cudnnFind*):
 // the value that gives the 70 W T4, the only power-capped board there, the median
 // log(measured / analytic) of the five boards that hold boost (benchmarks/sustained_logo.py
-// prints the fit). Tensor-core convolutions follow the tensor-core rule: DeepBench's T4 fp16
-// tensor-core convolutions already match the V100's bias under it.
-inline constexpr double kConvSimtPowerFraction = 0.62;
+// prints the fit; 0.62 until the per-board DRAM rates of 2026-12-05 moved the boards' bias).
+// Tensor-core convolutions follow the tensor-core rule: DeepBench's T4 fp16 tensor-core
+// convolutions already match the V100's bias under it.
+inline constexpr double kConvSimtPowerFraction = 0.585;
 // Winograd F(4x4, 3x3) needs 36 multiplies per 4x4 output tile where direct needs 144 (4x), and
 // F(2x2, 3x3) 16 for 36 (2.25x). cuDNN's WINOGRAD / WINOGRAD_NONFUSED kernels net ~2.25x over
 // direct FLOPs after the transforms; the transformed tiles are extra traffic (below).
