@@ -407,6 +407,20 @@ def figure_batch(tables: dict[str, KindTable], bres: dict[str, dict], mt: ml.Mod
     plt.close(fig)
 
 
+# A board whose power rule gives it under this fraction of boost under dense FP32 math is
+# power-capped for the evaluation's split (the 70-75 W P4 and T4 among the public boards; the
+# TITAN Xp's 0.97 is within the rule's error of boost).
+CAPPED_RATIO = 0.9
+
+
+def _power_capped(gpu: str) -> bool:
+    """Whether the hardware table's power rule puts `gpu` well below boost under dense FP32
+    math (sustained FP32 ratio under CAPPED_RATIO)."""
+    from ..hardware import get_gpu
+
+    return get_gpu(gpu).sustained_fp32_ratio < CAPPED_RATIO
+
+
 # -- driver ---------------------------------------------------------------------------------
 def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
              neusight_rows_per_file: int | None = 6000, neusight_mixed_rows: int | None = None,
@@ -444,11 +458,17 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
     card_path = repo_root() / "models" / "card.json"
     not_shipped = (set(json.loads(card_path.read_text()).get("forests_not_shipped", {}))
                    if card_path.is_file() else set())
-    fam_rows, gpu_rows, kind_rows = [], [], []
+    fam_rows, gpu_rows, kind_rows, clock_rows = [], [], [], []
     for k, t in tables.items():
         if k not in res:
             continue
         kind_rows.append((k, len(t), _unit_metrics(t, res[k], np.ones(len(t), dtype=bool))))
+        capped = np.array([_power_capped(g) for g in t.gpu.tolist()], dtype=bool)
+        for name, m in (("boards at boost", ~capped), ("power-capped", capped)):
+            if m.any():
+                chips = ", ".join(sorted(set(t.chip[m].tolist())))
+                clock_rows.append((f"{k}: {name} ({chips})", int(m.sum()),
+                                   _unit_metrics(t, res[k], m)))
         for key in sorted(set(zip(t.dataset.tolist(), t.family.tolist(), strict=True))):
             m = (t.dataset == key[0]) & (t.family == key[1])
             fam_rows.append((f"{key[0].split('-')[0]}:{key[1]}", int(m.sum()),
@@ -470,6 +490,11 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
                     f"  {k}: " + ", ".join(f"{c} {a:g}" for c, a in r["scales"].items())
                     for k, r in res.items()))
     results["unit_scales"] = {k: r["scales"] for k, r in res.items()}
+    text.append(table("Per unit kind, boards that hold their boost clock under dense FP32 math "
+                      f"and power-capped ones (sustained ratio < {CAPPED_RATIO:g} by the "
+                      "hardware table's power rule, blink/hardware.py; not chosen by error)",
+                      clock_rows, PREDICTORS_UNIT))
+    results["unit_by_clock"] = {n: m for n, _, m in clock_rows}
     text.append(table("Per data-set family, leave-one-GPU-out", fam_rows, PREDICTORS_UNIT))
     text.append(table("Per held-out GPU chip, data set and unit kind (NeuSight: PyTorch 2.1 "
                       "FP32; DeepBench: cuBLAS/cuDNN 2016-19 fp32 + fp16 tensor cores)",
