@@ -459,16 +459,16 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
     not_shipped = (set(json.loads(card_path.read_text()).get("forests_not_shipped", {}))
                    if card_path.is_file() else set())
     fam_rows, gpu_rows, kind_rows, clock_rows = [], [], [], []
+    capped_chips: set[str] = set()
     for k, t in tables.items():
         if k not in res:
             continue
         kind_rows.append((k, len(t), _unit_metrics(t, res[k], np.ones(len(t), dtype=bool))))
         capped = np.array([_power_capped(g) for g in t.gpu.tolist()], dtype=bool)
-        for name, m in (("boards at boost", ~capped), ("power-capped", capped)):
+        capped_chips.update(t.chip[capped].tolist())
+        for name, m in (("at boost", ~capped), ("power-capped", capped)):
             if m.any():
-                chips = ", ".join(sorted(set(t.chip[m].tolist())))
-                clock_rows.append((f"{k}: {name} ({chips})", int(m.sum()),
-                                   _unit_metrics(t, res[k], m)))
+                clock_rows.append((f"{k}: {name}", int(m.sum()), _unit_metrics(t, res[k], m)))
         for key in sorted(set(zip(t.dataset.tolist(), t.family.tolist(), strict=True))):
             m = (t.dataset == key[0]) & (t.family == key[1])
             fam_rows.append((f"{key[0].split('-')[0]}:{key[1]}", int(m.sum()),
@@ -493,7 +493,8 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
     text.append(table("Per unit kind, boards that hold their boost clock under dense FP32 math "
                       f"and power-capped ones (sustained ratio < {CAPPED_RATIO:g} by the "
                       "hardware table's power rule, blink/hardware.py; not chosen by error)",
-                      clock_rows, PREDICTORS_UNIT))
+                      clock_rows, PREDICTORS_UNIT)
+                + f"\n  power-capped: {', '.join(sorted(capped_chips))}; every other chip at boost")
     results["unit_by_clock"] = {n: m for n, _, m in clock_rows}
     text.append(table("Per data-set family, leave-one-GPU-out", fam_rows, PREDICTORS_UNIT))
     text.append(table("Per held-out GPU chip, data set and unit kind (NeuSight: PyTorch 2.1 "
