@@ -48,12 +48,13 @@ FOOT_BINS = [(0, 64 * MB), (64 * MB, 256 * MB), (256 * MB, 1024 * MB), (1024 * M
 GPUS = ["P100", "P4", "T4", "V100-PCIe", "A100-PCIe-40GB"]
 
 
-def _bin(x: float, bins: list[tuple[int, int]], unit: int = 1, suffix: str = "") -> str:
-    for lo, hi in bins:
-        if lo < x <= hi:
-            return (f"{lo // unit}-{hi // unit}{suffix}" if hi != bins[-1][1]
-                    else f">{lo // unit}{suffix}")
-    return "?"
+def _labels(bins: list[tuple[int, int]], unit: int = 1, suffix: str = "") -> list[str]:
+    return [f"{lo // unit}-{hi // unit}{suffix}" for lo, hi in bins[:-1]] + \
+        [f">{bins[-1][0] // unit}{suffix}"]
+
+
+def _bin(x: float, bins: list[tuple[int, int]], labels: list[str]) -> str:
+    return next((lab for (lo, hi), lab in zip(bins, labels, strict=True) if lo < x <= hi), "?")
 
 
 def _print(title: str, ratios: dict[tuple[str, str, str], list[float]], bins: list[str]) -> None:
@@ -84,6 +85,7 @@ def main() -> int:
         name = names.setdefault(r.gpu, get_gpu(r.gpu).name)
         key = (name, "x".join(str(d) for d in r.dims))
         grid.setdefault(key, r.grid[2])
+    k_labels, foot_labels = _labels(K_BINS), _labels(FOOT_BINS, MB, " MB")
     rows = td.load_units(root, neusight_rows_per_file=100000, neusight_mixed_rows=10)
     by_k: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     by_foot: dict[tuple[str, str, str], list[float]] = defaultdict(list)
@@ -94,19 +96,16 @@ def main() -> int:
         k = int(r.feats["k"])  # the reduction (nn.Linear's in_features; dims are B, M, in, out)
         if r.family == "linear":
             z = grid.get((r.gpu, dims))
-            if z is None or z != 1 or int(r.feats.get("split_k", 1)) != 1:
+            if z != 1 or int(r.feats.get("split_k", 1)) != 1:
                 continue
         ratio = r.measured_s / float(r.feats["analytic_time_s"])
         foot = float(r.feats["bytes_read"]) + float(r.feats["bytes_written"])
-        by_k[(r.gpu, r.family, _bin(k, K_BINS))].append(ratio)
-        by_foot[(r.gpu, r.family, _bin(foot, FOOT_BINS, MB, " MB"))].append(ratio)
+        by_k[(r.gpu, r.family, _bin(k, K_BINS, k_labels))].append(ratio)
+        by_foot[(r.gpu, r.family, _bin(foot, FOOT_BINS, foot_labels))].append(ratio)
     what = ("median measured / analytic (rows); nn.Linear rows with no K split by cuBLAS or "
             "the plan")
-    _print(f"{what}, by K", by_k, [_bin(hi if hi != K_BINS[-1][1] else lo + 1, K_BINS)
-                                   for lo, hi in K_BINS])
-    _print(f"{what}, by operand + output bytes", by_foot,
-           [_bin(hi if hi != FOOT_BINS[-1][1] else lo + 1, FOOT_BINS, MB, " MB")
-            for lo, hi in FOOT_BINS])
+    _print(f"{what}, by K", by_k, k_labels)
+    _print(f"{what}, by operand + output bytes", by_foot, foot_labels)
     return 0
 
 
