@@ -174,6 +174,12 @@ def _default_loss(output: object, labels: torch.Tensor | None) -> torch.Tensor:
         return loss
     if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
         return output["loss"]
+    if isinstance(output, Mapping) and not hasattr(output, "logits"):
+        # Dict outputs without a loss (torchvision's segmentation heads: {"out", "aux"}): the
+        # stand-in loss below over every tensor, so backward starts from each head.
+        heads = [v for v in output.values() if isinstance(v, torch.Tensor)]
+        if heads:
+            return torch.stack([h.float().sum() for h in heads]).sum()
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         output = output[0]
     logits = getattr(output, "logits", output)

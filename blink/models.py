@@ -1,6 +1,7 @@
 """Any model, by name: the resolver behind every place Blink accepts a model as a string.
 
-    torchvision:<name>          any torchvision.models builder (classification, video, ...)
+    torchvision:<name>          any torchvision.models builder but detection (classification,
+                                video, segmentation, optical flow)
     timm:<name>                 any timm model (timm.list_models()); input size from its cfg
     hf:<shipped>                a config shipped in blink/zoo_configs (hf:llama-7b, ...)
     hf:path/to/config.json      a transformers config file (model_type required; the head
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -48,6 +50,19 @@ def _unknown(name: str, candidates: list[str], what: str, extra: str = "",
 
 # -- torchvision ------------------------------------------------------------------------------
 
+def _image_inputs(builder: Any) -> tuple[str, ...]:
+    """The names of the image inputs of the model a torchvision builder returns: the required
+    parameters of its class's forward (x; LRASPP: input; RAFT: image1, image2)."""
+    cls = inspect.signature(builder).return_annotation
+    forward = getattr(cls, "forward", None)
+    if not isinstance(cls, type) or forward is None:
+        return ("x",)
+    names = tuple(p.name for p in list(inspect.signature(forward).parameters.values())[1:]
+                  if p.default is inspect.Parameter.empty
+                  and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return names or ("x",)
+
+
 @cache
 def _torchvision_entry(fn: str) -> ZooEntry:
     import torchvision
@@ -57,11 +72,22 @@ def _torchvision_entry(fn: str) -> ZooEntry:
         raise _unknown(f"torchvision:{fn}", [f"torchvision:{n}" for n in names],
                        "no such torchvision model",
                        " `torchvision.models.list_models()` lists them.")
+    builder = torchvision.models.get_model_builder(fn)
+    if builder.__module__.startswith("torchvision.models.detection"):
+        raise ConfigError(
+            f"torchvision:{fn} is a detection model: its forward ends in box post-processing "
+            "(score thresholds, NMS) whose output sizes depend on tensor values, which Blink's "
+            "meta-device dry run does not have, and in training it needs box targets. Blink "
+            "cannot predict it whole; predict its backbone (e.g. torchvision:resnet50) or pass "
+            "your own module that stops before the post-processing "
+            "(blink.predict(module, input_shape=...)).")
+    segmentation = builder.__module__.startswith("torchvision.models.segmentation")
     video = set(torchvision.models.list_models(module=torchvision.models.video))
     size = 112 if fn in video else 224
     try:  # the crop size the model's weights were trained at (inception_v3: 299); no download
         weights = torchvision.models.get_model_weights(fn).DEFAULT
-        crop = weights.transforms.keywords.get("crop_size")
+        # Segmentation presets resize without a crop (SemanticSegmentation(resize_size=520)).
+        crop = weights.transforms.keywords.get("resize_size" if segmentation else "crop_size")
         if isinstance(crop, (list, tuple)):
             crop = crop[0]
         if isinstance(crop, int) and crop > 0:
@@ -69,19 +95,24 @@ def _torchvision_entry(fn: str) -> ZooEntry:
     except (ValueError, AttributeError, KeyError, TypeError):
         pass
 
-    def build() -> torch.nn.Module:
-        return torchvision.models.get_model(fn, weights=None)
+    # weights_backbone defaults to ImageNet weights in the segmentation builders: None, or
+    # building the model would download them.
+    kwargs: dict[str, Any] = {"weights": None}
+    if "weights_backbone" in inspect.signature(builder).parameters:
+        kwargs["weights_backbone"] = None
 
-    builder = torchvision.models.get_model_builder(fn)
+    def build() -> torch.nn.Module:
+        return torchvision.models.get_model(fn, **kwargs)
+
     if builder.__module__ == "torchvision.models.vision_transformer":
         # A VisionTransformer's positional embedding fixes its input side, and weights=None
         # builds it at the builder's default, not at the DEFAULT weights' crop (vit_h_14's
         # SWAG weights: 518).
         with torch.device("meta"):
             size = int(build().image_size)
-
+    images = _image_inputs(builder)
     return ZooEntry(f"torchvision:{fn}", _family(fn), VIDEO if fn in video else VISION, build,
-                    image_size=size)
+                    image_size=size, image_inputs=images)
 
 
 # -- timm ---------------------------------------------------------------------------------------

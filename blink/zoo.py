@@ -32,6 +32,8 @@ class ZooEntry:
     default_seq_len: int = 128
     max_seq_len: int = 0  # 0: no limit from position embeddings
     num_classes: int = 1000
+    # The forward's keyword names of its image inputs (VISION; torchvision's RAFT: two frames).
+    image_inputs: tuple[str, ...] = ("x",)
 
 
 def _tv(fn_name: str) -> Callable[[], torch.nn.Module]:
@@ -181,10 +183,9 @@ def entry_inputs(entry: ZooEntry, batch_size: int, seq_len: int | None,
         if seq_len is not None:
             raise ConfigError(f"{name} is a vision model; --seq-len does not apply to it")
         shape = (batch_size, 3, entry.image_size, entry.image_size)
-        check_input_size(name, batch_size, [shape], float_dtype.itemsize)
-        x = torch.empty(*shape, dtype=float_dtype, device=dev)
-        key = "pixel_values" if name.startswith("hf:") else "x"
-        out = {key: x}
+        keys = ("pixel_values",) if name.startswith("hf:") else entry.image_inputs
+        check_input_size(name, batch_size, [shape] * len(keys), float_dtype.itemsize)
+        out = {key: torch.empty(*shape, dtype=float_dtype, device=dev) for key in keys}
         if with_labels:
             out["labels"] = torch.empty(batch_size, dtype=torch.long, device=dev)
         return out

@@ -82,6 +82,37 @@ def test_any_torchvision_model():
     assert _first_conv_input(t) == (1, 3, 224, 224)
 
 
+
+def test_torchvision_segmentation_flow_and_detection_models(tmp_path, monkeypatch):
+    import torchvision
+
+    # The segmentation builders default weights_backbone to ImageNet weights: building with
+    # only weights=None would fetch them into $TORCH_HOME. Nothing may be downloaded.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    p = blink.predict("torchvision:deeplabv3_resnet50", batch_size=2, mode="train")
+    assert not (tmp_path / "torch_home").exists()
+    with torch.device("meta"):
+        ref = torchvision.models.get_model("deeplabv3_resnet50", weights=None,
+                                           weights_backbone=None)
+    assert p.params == sum(q.numel() for q in ref.parameters())
+    assert {u.phase for u in p.units} == {"forward", "backward", "optimizer"}
+    # the size SemanticSegmentation presets resize to (no crop)
+    size = torchvision.models.get_model_weights("deeplabv3_resnet50").DEFAULT.transforms.keywords[
+        "resize_size"]
+    t = blink.trace_model("torchvision:deeplabv3_resnet50", batch_size=2)
+    assert _first_conv_input(t) == (2, 3, size, size)
+    # LRASPP's forward(input) and RAFT's forward(image1, image2): inputs by the forward's names
+    assert blink.predict("torchvision:lraspp_mobilenet_v3_large", batch_size=1).time_ms > 0
+    t = blink.trace_model("torchvision:raft_small", batch_size=1)
+    frames = [op for op in t.ops if op.name in ("aten::convolution", "aten::conv2d")
+              and (op.module or "").startswith("feature_encoder")]
+    # both frames go through the shared feature encoder (RAFT concatenates them)
+    assert frames and frames[0].tensors()[0].shape[0] == 2
+    # detection: a clear error up front, not a failure deep in NMS
+    with pytest.raises(blink.ConfigError, match="detection model.*backbone"):
+        blink.predict("torchvision:fasterrcnn_resnet50_fpn", batch_size=1)
+    assert not (tmp_path / "torch_home").exists()
+
 def test_cli_predicts_config_file(tmp_path, capsys):
     import transformers
 
