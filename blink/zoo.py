@@ -78,8 +78,22 @@ def build_hf(raw: dict[str, Any]) -> torch.nn.Module:
         "sequence-classification": transformers.AutoModelForSequenceClassification,
         "base": transformers.AutoModel,
     }[task]
-    # sdpa: the attention PyTorch users run on GPUs, and what blink.sdpa reroutes.
-    return auto.from_config(cfg, attn_implementation="sdpa")
+    try:
+        try:
+            # sdpa: the attention PyTorch users run on GPUs, and what blink.sdpa reroutes.
+            return auto.from_config(cfg, attn_implementation="sdpa")
+        except ValueError as e:
+            # Architectures without an SDPA path (Gemma 2, BLOOM, DeBERTa-v2, Mamba) run their
+            # eager attention (or none) on GPUs too.
+            if "attention implementation" not in str(e):
+                raise
+            return auto.from_config(cfg, attn_implementation="eager")
+    except (ValueError, TypeError, KeyError, AssertionError, AttributeError) as e:
+        raise ConfigError(
+            f"transformers could not build a {task} model from this {raw['model_type']!r} "
+            f"config: {type(e).__name__}: {str(e)[:300]}. Check the config's fields (e.g. "
+            "pad_token_id < vocab_size), or set \"_task\" to another head "
+            f"({', '.join(HF_TASKS)})") from e
 
 
 def _hf(config_name: str) -> Callable[[], torch.nn.Module]:

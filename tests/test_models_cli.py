@@ -137,6 +137,26 @@ def test_cli_predicts_config_file(tmp_path, capsys):
         blink.predict(f"hf:{bad}", batch_size=1)
 
 
+
+def test_hf_config_without_sdpa_runs_eager_attention_and_bad_fields_say_so(tmp_path):
+    # Gemma 2 has no SDPA path in transformers: its eager attention (matmul, softmax, matmul)
+    # is what a GPU runs, so that is what gets traced.
+    cfg = dict(TINY_LLAMA, model_type="gemma2", architectures=["Gemma2ForCausalLM"],
+               head_dim=16)
+    path = tmp_path / "gemma2.json"
+    path.write_text(json.dumps(cfg))
+    t = blink.trace_model(f"hf:{path}", batch_size=2, seq_len=32)
+    names = {op.name for op in t.ops}
+    assert "aten::_softmax" in names or "aten::softmax" in names
+    assert not any("scaled_dot_product" in n for n in names)
+    # a field transformers rejects: a ConfigError naming the model type and the cause
+    bad = dict(TINY_LLAMA, model_type="phi3", architectures=["Phi3ForCausalLM"],
+               pad_token_id=32000)
+    path = tmp_path / "phi3.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(blink.ConfigError, match="'phi3' config.*Padding_idx"):
+        blink.predict(f"hf:{path}", batch_size=1, seq_len=16)
+
 def test_cli_predicts_python_file_callable(tmp_path, capsys):
     path = tmp_path / "mymodel.py"
     path.write_text(USER_FILE)
