@@ -50,10 +50,11 @@ def _unknown(name: str, candidates: list[str], what: str, extra: str = "",
 
 # -- torchvision ------------------------------------------------------------------------------
 
-def _image_inputs(builder: Any) -> tuple[str, ...]:
-    """The names of the image inputs of the model a torchvision builder returns: the required
-    parameters of its class's forward (x; LRASPP: input; RAFT: image1, image2)."""
-    cls = inspect.signature(builder).return_annotation
+def _image_inputs(builder_sig: inspect.Signature) -> tuple[str, ...]:
+    """The names of the image inputs of the model a torchvision builder (of this signature)
+    returns: the required parameters of its class's forward (x; LRASPP: input; RAFT: image1,
+    image2)."""
+    cls = builder_sig.return_annotation
     forward = getattr(cls, "forward", None)
     if not isinstance(cls, type) or forward is None:
         return ("x",)
@@ -73,7 +74,8 @@ def _torchvision_entry(fn: str) -> ZooEntry:
                        "no such torchvision model",
                        " `torchvision.models.list_models()` lists them.")
     builder = torchvision.models.get_model_builder(fn)
-    if builder.__module__.startswith("torchvision.models.detection"):
+    module, sig = builder.__module__, inspect.signature(builder)
+    if module.startswith("torchvision.models.detection"):
         raise ConfigError(
             f"torchvision:{fn} is a detection model: its forward ends in box post-processing "
             "(score thresholds, NMS) whose output sizes depend on tensor values, which Blink's "
@@ -81,7 +83,7 @@ def _torchvision_entry(fn: str) -> ZooEntry:
             "cannot predict it whole; predict its backbone (e.g. torchvision:resnet50) or pass "
             "your own module that stops before the post-processing "
             "(blink.predict(module, input_shape=...)).")
-    segmentation = builder.__module__.startswith("torchvision.models.segmentation")
+    segmentation = module.startswith("torchvision.models.segmentation")
     video = set(torchvision.models.list_models(module=torchvision.models.video))
     size = 112 if fn in video else 224
     try:  # the crop size the model's weights were trained at (inception_v3: 299); no download
@@ -98,21 +100,20 @@ def _torchvision_entry(fn: str) -> ZooEntry:
     # weights_backbone defaults to ImageNet weights in the segmentation builders: None, or
     # building the model would download them.
     kwargs: dict[str, Any] = {"weights": None}
-    if "weights_backbone" in inspect.signature(builder).parameters:
+    if "weights_backbone" in sig.parameters:
         kwargs["weights_backbone"] = None
 
     def build() -> torch.nn.Module:
         return torchvision.models.get_model(fn, **kwargs)
 
-    if builder.__module__ == "torchvision.models.vision_transformer":
+    if module == "torchvision.models.vision_transformer":
         # A VisionTransformer's positional embedding fixes its input side, and weights=None
         # builds it at the builder's default, not at the DEFAULT weights' crop (vit_h_14's
         # SWAG weights: 518).
         with torch.device("meta"):
             size = int(build().image_size)
-    images = _image_inputs(builder)
     return ZooEntry(f"torchvision:{fn}", _family(fn), VIDEO if fn in video else VISION, build,
-                    image_size=size, image_inputs=images)
+                    image_size=size, image_inputs=_image_inputs(sig))
 
 
 # -- timm ---------------------------------------------------------------------------------------

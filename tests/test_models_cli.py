@@ -82,7 +82,6 @@ def test_any_torchvision_model():
     assert _first_conv_input(t) == (1, 3, 224, 224)
 
 
-
 def test_torchvision_segmentation_flow_and_detection_models(tmp_path, monkeypatch):
     import torchvision
 
@@ -113,6 +112,7 @@ def test_torchvision_segmentation_flow_and_detection_models(tmp_path, monkeypatc
         blink.predict("torchvision:fasterrcnn_resnet50_fpn", batch_size=1)
     assert not (tmp_path / "torch_home").exists()
 
+
 def test_cli_predicts_config_file(tmp_path, capsys):
     import transformers
 
@@ -137,7 +137,6 @@ def test_cli_predicts_config_file(tmp_path, capsys):
         blink.predict(f"hf:{bad}", batch_size=1)
 
 
-
 def test_hf_config_without_sdpa_runs_eager_attention_and_bad_fields_say_so(tmp_path):
     # Gemma 2 has no SDPA path in transformers: its eager attention (matmul, softmax, matmul)
     # is what a GPU runs, so that is what gets traced.
@@ -156,6 +155,7 @@ def test_hf_config_without_sdpa_runs_eager_attention_and_bad_fields_say_so(tmp_p
     path.write_text(json.dumps(bad))
     with pytest.raises(blink.ConfigError, match="'phi3' config.*Padding_idx"):
         blink.predict(f"hf:{path}", batch_size=1, seq_len=16)
+
 
 def test_cli_predicts_python_file_callable(tmp_path, capsys):
     path = tmp_path / "mymodel.py"
