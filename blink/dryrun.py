@@ -8,13 +8,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from . import zoo
-from .errors import BatchSizeError, ConfigError, TraceError
+from .errors import BatchSizeError, ConfigError, DataDependentError, TraceError
 from .trace import _C, Trace, trace
 
 MODES = ("inference", "train")
@@ -213,6 +213,11 @@ class Prepared:
     labels: torch.Tensor | None
     meta: dict[str, Any]
     amp_dtype: torch.dtype | None
+    # Keyword inputs Blink made whose every element has a known value (token ids), and whether
+    # execute follows known values (blink.known_values) to answer .item() on them.
+    known: dict[str, bool | int | float] = field(default_factory=dict)
+    known_values: bool = False
+    items_answered: int = 0  # .item() calls the last execute answered from known values
 
 
 def prepare(
@@ -243,6 +248,7 @@ def prepare(
         _positive_int("seq_len", seq_len)
 
     zoo_name = model if isinstance(model, str) else None
+    made_inputs = False  # Blink made the inputs from the zoo entry (their values are its own)
     kwargs: dict[str, Any] = {}
     args: tuple[Any, ...] = ()
     labels: torch.Tensor | None = None
@@ -253,6 +259,7 @@ def prepare(
                 raise ConfigError(f"give batch_size for {zoo_name} (e.g. batch_size=8)")
             kwargs = zoo.make_inputs(zoo_name, batch_size, seq_len, param_dtype,
                                      with_labels=mode == "train")
+            made_inputs = True
             if not zoo_name.startswith("hf:") and "labels" in kwargs:
                 labels = kwargs.pop("labels")
         net = zoo.build(zoo_name)
@@ -271,6 +278,7 @@ def prepare(
                 raise models.no_inputs_error(model, batch_size)
             kwargs = zoo.entry_inputs(found, batch_size, seq_len, param_dtype,
                                       with_labels=mode == "train")
+            made_inputs = True
             if not found.name.startswith("hf:") and "labels" in kwargs:
                 labels = kwargs.pop("labels")
     if not kwargs:
@@ -292,6 +300,10 @@ def prepare(
                 "models, batch_size="
             )
 
+    known: dict[str, bool | int | float] = {}
+    if made_inputs:
+        token = _plain_token_id(net)
+        known = {k: token for k in _TOKEN_INPUTS if k in kwargs}
     if param_dtype != torch.float32:
         net = net.to(param_dtype)
     if channels_last:
@@ -319,7 +331,30 @@ def prepare(
         "input_shapes": [list(v.shape) for v in (*args, *kwargs.values())
                          if isinstance(v, torch.Tensor)],
     }
-    return Prepared(net, args, kwargs, labels, meta, amp_dtype)
+    return Prepared(net, args, kwargs, labels, meta, amp_dtype, known)
+
+
+# Token inputs Blink makes for text models (zoo.entry_inputs): one ordinary token repeated, so
+# that checks on their values (``pad_token_id in input_ids``) have the answer an unpadded batch
+# gives on a GPU.
+_TOKEN_INPUTS = ("input_ids", "decoder_input_ids", "labels")
+
+
+def _plain_token_id(net: torch.nn.Module) -> int:
+    """The smallest token id from 3 up that the model's config gives no special role (pad, bos,
+    eos, sep, cls, mask, ...)."""
+    config = getattr(net, "config", None)
+    fields = config.to_dict() if hasattr(config, "to_dict") else {}
+    special: set[int] = set()
+    for key, value in fields.items():
+        if key.endswith("token_id") or key.endswith("token_ids"):
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(v, int):
+                    special.add(v)
+    token = 3
+    while token in special:
+        token += 1
+    return token
 
 
 def trace_model(
@@ -358,8 +393,28 @@ def trace_model(
     channels_last=True runs the model as `model.to(memory_format=torch.channels_last)` with its
     4-D inputs channels-last (NHWC); a ConfigError when no input is 4-D.
     """
+    run = dict(inputs=inputs, input_shape=input_shape, batch_size=batch_size, seq_len=seq_len,
+               dtype=dtype, mode=mode, optimizer=optimizer, gpu=gpu, loss_fn=loss_fn,
+               nonzero=nonzero, first_step=first_step, warmup=warmup,
+               channels_last=channels_last)
+    try:
+        return _trace_once(model, known_values=False, **run)
+    except DataDependentError as exc:
+        if exc.op not in ("aten::_local_scalar_dense", "aten::item"):
+            raise
+    # .item() / bool() on a meta tensor: run again following the tensors whose values are known
+    # (blink.known_values), only now, as that mode sends every op through Python.
+    return _trace_once(model, known_values=True, **run)
+
+
+def _trace_once(model: torch.nn.Module | str, *, known_values: bool, inputs: object,
+                input_shape: object, batch_size: int | None, seq_len: int | None,
+                dtype: str | torch.dtype | None, mode: str, optimizer: str, gpu: str,
+                loss_fn: Callable[[object], torch.Tensor] | None, nonzero: str,
+                first_step: bool, warmup: bool, channels_last: bool) -> Trace:
     p = prepare(model, inputs, input_shape=input_shape, batch_size=batch_size, seq_len=seq_len,
                 dtype=dtype, mode=mode, optimizer=optimizer, channels_last=channels_last)
+    p.known_values = known_values
     opt = None
     if not first_step:
         opt = make_optimizer(p)
@@ -378,6 +433,8 @@ def trace_model(
                 param.grad = None
         with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta, resident=resident) as result:
             execute(p, loss_fn=loss_fn, optimizer=opt)
+        if known_values:
+            result.meta["items_answered"] = p.items_answered
     except TraceError as exc:
         b = p.meta.get("batch_size")
         if b is not None and "overflow" in str(exc).lower():
@@ -437,6 +494,12 @@ def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = N
             amp.enter_context(meta_autocast(p.amp_dtype))
         if mode == "inference":
             stack.enter_context(torch.no_grad())
+        if p.known_values:
+            from .known_values import KnownValues
+
+            known = {id(v): (v, p.known[k]) for k, v in p.kwargs.items() if k in p.known}
+            follow = stack.enter_context(KnownValues(known))
+            stack.callback(lambda: setattr(p, "items_answered", follow.answered))
         out = p.net(*p.args, **p.kwargs)
         if mode == "inference":
             del out

@@ -1,0 +1,122 @@
+"""Known values in a dry run: .item() on tensors the code made from constants is answered as
+the GPU answers it, so models whose Python reads such tensors (transformers' mask helpers) trace.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import blink
+from blink import dryrun
+from blink.known_values import KnownValues
+
+
+def _padding_free(make: Callable[..., torch.Tensor]) -> object:
+    # transformers' _ignore_causal_mask_sdpa on an all-ones mask: bool, slice, sum == numel
+    mask = make(2, 8, dtype=torch.long).bool()[:, 2:]
+    return (mask.sum() == mask.numel()).item()
+
+
+def _pad_in_ids(make: Callable[..., torch.Tensor]) -> object:
+    # PreTrainedModel.warn_if_padding_and_no_attention_mask: pad_token_id in input_ids[:, [-1, 0]]
+    ids = make(3, 5, dtype=torch.long) * 7
+    return 0 in ids[:, [-1, 0]]
+
+
+def _reductions(make: Callable[..., torch.Tensor]) -> object:
+    x = make(4, 6, dtype=torch.float32) * 2.5
+    return (x.sum().item(), x.sum(dim=1).amax().item(), x.mean().item(), (x > 1).all().item(),
+            torch.cat([x, x]).max().item(), (~(x == 2.5)).any().item(),
+            x.to(torch.int64).sum(dim=[0, 1]).item())
+
+
+def _where_and_fill(make: Callable[..., torch.Tensor]) -> object:
+    m = make(2, 3, dtype=torch.bool)
+    z = torch.zeros(2, 3, device=m.device)
+    return (torch.where(m, z + 4, z).min().item(), z.masked_fill(m, 9.0).sum().item(),
+            torch.full((2, 2), 3, device=m.device).eq(3).all().item())
+
+
+@pytest.mark.parametrize("fn", [_padding_free, _pad_in_ids, _reductions, _where_and_fill])
+def test_meta_answers_match_cpu(fn):
+    def cpu(*shape, dtype):
+        return torch.ones(*shape, dtype=dtype)
+
+    def meta(*shape, dtype):
+        return torch.ones(*shape, dtype=dtype, device="meta")
+
+    expected = fn(cpu)
+    with KnownValues() as follow:
+        got = fn(meta)
+    assert got == expected
+    assert follow.answered >= 1
+
+
+def test_unknown_or_overwritten_values_still_raise():
+    with KnownValues():
+        x = torch.empty(4, device="meta")  # no value
+        with pytest.raises(RuntimeError, match="meta"):
+            x.sum().item()
+        m = torch.ones(4, device="meta")
+        view = m[:2]
+        m.copy_(x)  # an in-place write of unknown values: no view of m is known any more
+        with pytest.raises(RuntimeError, match="meta"):
+            view.sum().item()
+        with pytest.raises(RuntimeError, match="meta"):
+            m.sum().item()
+        m.fill_(2.0)  # a uniform fill: known again
+        assert m.sum().item() == 8.0
+
+
+TINY_BART = {"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
+             "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+             "decoder_ffn_dim": 128, "vocab_size": 1000, "max_position_embeddings": 256,
+             "_task": "seq2seq"}
+TINY_DEBERTA = {"model_type": "deberta-v2", "hidden_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 1000,
+                "_task": "masked-lm"}
+
+
+@pytest.mark.parametrize("cfg", [TINY_BART, TINY_DEBERTA], ids=["bart", "deberta-v2"])
+def test_transformers_models_reading_their_masks_predict(tmp_path, cfg):
+    # BART's decoder makes an all-ones mask and transformers asks whether it has padding
+    # (.item()); DeBERTa-v2 asks whether pad_token_id is among the input ids. Both failed with
+    # DataDependentError before.
+    path = tmp_path / f"{cfg['model_type']}.json"
+    path.write_text(json.dumps(cfg))
+    for mode in ("inference", "train"):
+        p = blink.predict(f"hf:{path}", batch_size=2, seq_len=64, mode=mode, dtype="bf16",
+                          gpu="H100-SXM")
+        assert p.time_ms > 0 and p.peak_allocated_bytes > 0
+        assert any(".item() call(s)" in n for n in p.notes)
+        assert {u.kind for u in p.units} >= {"gemm", "norm"}
+    if cfg is TINY_BART:
+        # an all-ones mask is no mask: every attention runs the fused kernel with no mask input
+        t = blink.trace_model(f"hf:{path}", batch_size=2, seq_len=64, dtype="bf16",
+                              gpu="H100-SXM")
+        attn = [op for op in t.ops if op.name == "aten::scaled_dot_product_attention"]
+        assert len(attn) == 6  # encoder self, decoder self and cross, two layers each
+        assert all(len(op.tensors("inputs")) == 3 for op in attn)
+
+
+def test_following_values_changes_no_cost():
+    # The retry mode sends every op through Python: the units, their GPU time and the memory
+    # must be those of the plain trace.
+    run = dict(inputs=None, input_shape=None, batch_size=2, dtype="bf16",
+               mode="inference", optimizer="adamw", gpu="H100-SXM", loss_fn=None,
+               nonzero="error", first_step=False, warmup=False, channels_last=False)
+    for model, seq_len in (("hf:gpt2", 32), ("torchvision:resnet18", None)):
+        plain = blink.predict_trace(
+            dryrun._trace_once(model, known_values=False, seq_len=seq_len, **run),
+            gpu="H100-SXM")
+        follow = blink.predict_trace(
+            dryrun._trace_once(model, known_values=True, seq_len=seq_len, **run),
+            gpu="H100-SXM")
+        assert [(u.op, u.time_ms) for u in follow.units] == [(u.op, u.time_ms)
+                                                             for u in plain.units]
+        assert follow.gpu_busy_ms == plain.gpu_busy_ms
+        assert follow.peak_allocated_bytes == plain.peak_allocated_bytes
+        assert follow.host_ms == pytest.approx(plain.host_ms, rel=0.01)
