@@ -127,6 +127,28 @@ def _entries() -> dict[str, ZooEntry]:
                  max_seq_len=4096),
         ZooEntry("hf:t5-small", "t5", SEQ2SEQ, _hf("t5-small"), vocab_size=32128),
         ZooEntry("hf:vit-base", "vit", VISION, _hf("vit-base")),
+        ZooEntry("hf:bert-large", "bert", TEXT, _hf("bert-large"), vocab_size=30522,
+                 max_seq_len=512),
+        ZooEntry("hf:roberta-base", "roberta", TEXT, _hf("roberta-base"), vocab_size=50265,
+                 max_seq_len=512),  # 514 positions, offset by pad_token_id + 1
+        ZooEntry("hf:deberta-v3-base", "deberta", TEXT, _hf("deberta-v3-base"),
+                 vocab_size=128100),  # relative positions only: no length limit
+        ZooEntry("hf:gpt2-medium", "gpt2", TEXT, _hf("gpt2-medium"), vocab_size=50257,
+                 max_seq_len=1024),
+        ZooEntry("hf:gpt2-xl", "gpt2", TEXT, _hf("gpt2-xl"), vocab_size=50257,
+                 max_seq_len=1024),
+        ZooEntry("hf:opt-1.3b", "opt", TEXT, _hf("opt-1.3b"), vocab_size=50272,
+                 max_seq_len=2048),
+        ZooEntry("hf:llama-3-8b", "llama", TEXT, _hf("llama-3-8b"), vocab_size=128256,
+                 max_seq_len=8192),
+        ZooEntry("hf:mistral-7b", "mistral", TEXT, _hf("mistral-7b"), vocab_size=32000),
+        ZooEntry("hf:qwen2.5-7b", "qwen2", TEXT, _hf("qwen2.5-7b"), vocab_size=152064),
+        ZooEntry("hf:bart-base", "bart", SEQ2SEQ, _hf("bart-base"), vocab_size=50265,
+                 max_seq_len=1024),
+        ZooEntry("hf:bart-large", "bart", SEQ2SEQ, _hf("bart-large"), vocab_size=50265,
+                 max_seq_len=1024),
+        ZooEntry("hf:t5-base", "t5", SEQ2SEQ, _hf("t5-base"), vocab_size=32128),
+        ZooEntry("hf:vit-large", "vit", VISION, _hf("vit-large")),
     ]
     return {x.name: x for x in e}
 

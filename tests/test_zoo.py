@@ -9,13 +9,14 @@ from torch.utils.flop_counter import FlopCounterMode
 import blink
 from blink.dryrun import _default_loss, prepare
 from blink.flops import trace_flops
+from blink.known_values import KnownValues
 from blink.trace import cuda_sdpa
 
 MODELS = blink.zoo.list_models()
 
 
 def _kw(name: str) -> dict:
-    text = name.startswith("hf:") and name != "hf:vit-base"
+    text = blink.zoo.get_entry(name).kind != blink.zoo.VISION
     return {"batch_size": 2, **({"seq_len": 64} if text else {})}
 
 
@@ -38,7 +39,9 @@ def test_zoo_model_traces(name, mode):
 
 def _counter_flops(name: str, mode: str) -> int:
     p = prepare(name, mode=mode, **_kw(name))
-    with cuda_sdpa("H200"), FlopCounterMode(display=False) as fc:
+    # .item() on all-ones masks (BART, DeBERTa) is answered as in blink's own retry
+    known = KnownValues({id(v): (v, p.known[k]) for k, v in p.kwargs.items() if k in p.known})
+    with cuda_sdpa("H200"), known, FlopCounterMode(display=False) as fc:
         if mode == "inference":
             with torch.no_grad():
                 p.net(*p.args, **p.kwargs)
