@@ -120,3 +120,18 @@ def test_following_values_changes_no_cost():
         assert follow.gpu_busy_ms == plain.gpu_busy_ms
         assert follow.peak_allocated_bytes == plain.peak_allocated_bytes
         assert follow.host_ms == pytest.approx(plain.host_ms, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["hf:roberta-base", "hf:t5-small", "hf:llama-3-8b"])
+def test_blinks_token_ids_are_one_ordinary_token(name):
+    # The token inputs Blink makes are known values: an id the config gives no special role,
+    # so "pad_token_id in input_ids" is False, as for an unpadded batch.
+    p = dryrun.prepare(name, batch_size=2, seq_len=16, mode="train")
+    config = p.net.config.to_dict()
+    special = {v for k, v in config.items() if k.endswith("token_id") and isinstance(v, int)}
+    assert set(p.known) == {k for k in ("input_ids", "decoder_input_ids", "labels")
+                            if k in p.kwargs}
+    (token,) = set(p.known.values())
+    assert token not in special and 0 <= token < config["vocab_size"]
+    plain = dryrun.prepare(torch.nn.Linear(4, 4), input_shape=(2, 4))
+    assert plain.known == {}  # the user's own inputs: values unknown
