@@ -214,7 +214,7 @@ class Prepared:
     meta: dict[str, Any]
     amp_dtype: torch.dtype | None
     # Keyword inputs Blink made whose every element has a known value (token ids), and whether
-    # execute follows known values (blink.known_values) to answer .item() on them.
+    # execute follows known values (blink.known_values) to answer .item() from them.
     known: dict[str, bool | int | float] = field(default_factory=dict)
     known_values: bool = False
     items_answered: int = 0  # .item() calls the last execute answered from known values

@@ -1,14 +1,18 @@
-"""Known values in a dry run: tensors whose every element has one value that is known.
+"""Known values in a dry run: tensors whose elements all come from a small known set.
 
 A dry run has shapes, not values, so ``.item()`` / ``if tensor:`` on a meta tensor cannot be
 answered. Many such calls read tensors the code made itself from constants: transformers' SDPA
 mask helpers ask whether an all-ones attention mask (made with ``torch.ones`` when none is given)
-has any padding, ``pad_token_id in input_ids`` asks about token ids. :class:`KnownValues` follows
-*uniform* tensors (every element the same known value) from the factories that make them
-(``ones``, ``zeros``, ``full``, ``fill_``) through views, copies, element-wise ops and
-reductions, and answers ``aten::_local_scalar_dense`` (``.item()``, ``bool()``) for them, as the
-GPU would. Anything else (values never known, an in-place write that is not a uniform fill)
-is not followed, and ``.item()`` on it still raises DataDependentError.
+has any padding, ``pad_token_id in input_ids`` asks about token ids, a seq2seq model asserts
+that its right-shifted decoder ids (zeros, then the ids written in) are not negative.
+:class:`KnownValues` gives a tensor a *value set*: every element is one of these values (at most
+MAX_VALUES of them). It starts sets at the factories (``ones``, ``zeros``, ``full``, ``fill_``,
+Blink's own token ids), carries them through views, copies, casts, element-wise ops, ``where``,
+``masked_fill`` and reductions, and through in-place writes (a write into part of a tensor adds
+the written values to the set of every view of that storage), and answers
+``aten::_local_scalar_dense`` (``.item()``, ``bool()``) where the set has one value, as the GPU
+would. Anything else (values never known, a write of unknown values, a sum over several
+possible values) is not followed, and ``.item()`` on it still raises DataDependentError.
 
 It is a TorchDispatchMode, so every op of the run passes through Python: blink.dryrun enters it
 only to retry a trace that failed on ``.item()``, never for traces that do not need it.
@@ -16,9 +20,11 @@ only to retry a trace that failed on ``.item()``, never for traces that do not n
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -27,6 +33,10 @@ from torch.utils._pytree import tree_leaves
 
 aten = torch.ops.aten
 Value = bool | int | float
+Values = frozenset  # of Value: every element of the tensor is one of them
+
+# A set larger than this is dropped (treated as unknown): the sets stay small and cheap.
+MAX_VALUES = 16
 
 
 def cast(value: Value, dtype: torch.dtype) -> Value | None:
@@ -40,6 +50,16 @@ def cast(value: Value, dtype: torch.dtype) -> Value | None:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return int(value)
+
+
+def _cast_all(values: Iterable[Value], dtype: torch.dtype) -> Values | None:
+    out = set()
+    for v in values:
+        c = cast(v, dtype)
+        if c is None:
+            return None
+        out.add(c)
+    return frozenset(out) if 0 < len(out) <= MAX_VALUES else None
 
 
 def _cmp(op: Callable[[Any, Any], bool]) -> Callable[[list[Value]], Value]:
@@ -62,10 +82,15 @@ _ELEMENTWISE: dict[Any, Callable[[list[Value]], Value]] = {
     aten.neg: lambda v: -v[0], aten.abs: lambda v: abs(v[0]),
     aten.mul: lambda v: v[0] * v[1],
     aten.add: lambda v: v[0] + v[1], aten.sub: lambda v: v[0] - v[1],
+    aten.rsub: lambda v: v[1] - v[0],
+    aten.div: lambda v: v[0] / v[1],  # true division (rounding_mode= comes as a kwarg: skipped)
 }
+# Their in-place forms (self is read, then written).
+_ELEMENTWISE_INPLACE = {getattr(aten, p.__name__ + "_"): p for p in _ELEMENTWISE
+                        if hasattr(aten, p.__name__ + "_")}
 
 # Ops whose outputs hold only elements of their first tensor argument (views, copies, gathers).
-_SAME_VALUE = {
+_SAME_VALUES = {
     aten.view, aten._unsafe_view, aten.reshape, aten._reshape_alias, aten.expand, aten.slice,
     aten.select, aten.unsqueeze, aten.squeeze, aten.permute, aten.transpose, aten.t,
     aten.alias, aten.clone, aten._to_copy, aten.detach, aten.lift_fresh, aten.index,
@@ -78,18 +103,26 @@ _FACTORY_VALUE = {aten.ones: 1, aten.ones_like: 1, aten.new_ones: 1,
                   aten.zeros: 0, aten.zeros_like: 0, aten.new_zeros: 0}
 _FILL_ARG = {aten.full: 1, aten.full_like: 1, aten.new_full: 2, aten.fill: 1,
              aten.fill_: 1, aten.scalar_tensor: 0}
+_REDUCTIONS = (aten.all, aten.any, aten.sum, aten.mean, aten.amax, aten.amin, aten.max,
+               aten.min)
 
 
-def _reduce(packet: Any, value: Value, count: int) -> Value | None:
-    """The value every element of a reduction over `count` equal elements takes."""
+def _reduce(packet: Any, values: Values, count: int) -> Values | None:
+    """The values a reduction over `count` elements drawn from `values` can take."""
     if packet in (aten.all, aten.any):
-        return bool(value) if count else packet is aten.all
-    if packet is aten.sum:
-        return value * count
-    if packet is aten.mean:
-        return float(value) if count else None
+        if count == 0:
+            return frozenset({packet is aten.all})
+        truth = {bool(v) for v in values}
+        return frozenset(truth) if len(truth) == 1 else None
     if packet in (aten.amax, aten.amin, aten.max, aten.min):
-        return value if count else None
+        return values if count else None  # the extreme is one of the elements
+    if len(values) != 1:
+        return None  # a sum or mean of several possible values is not known
+    (v,) = values
+    if packet is aten.sum:
+        return frozenset({v * count})
+    if packet is aten.mean:
+        return frozenset({float(v)}) if count else None
     return None
 
 
@@ -103,8 +136,37 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
+def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensor arguments `func` writes into (self of an in-place op, out=)."""
+    out = []
+    for i, s in enumerate(func._schema.arguments):
+        if s.alias_info is None or not s.alias_info.is_write:
+            continue
+        a = args[i] if i < len(args) and not s.kwarg_only else kwargs.get(s.name)
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):  # _foreach_*_ write every tensor of their list
+            out += [x for x in a if isinstance(x, torch.Tensor)]
+    return out
+
+
+_CTYPES = {torch.float64: ctypes.c_double, torch.float32: ctypes.c_float,
+           torch.int64: ctypes.c_int64, torch.int32: ctypes.c_int32, torch.bool: ctypes.c_bool}
+
+
+def _cpu_scalar(t: torch.Tensor) -> Value | None:
+    """The value of a one-element CPU tensor (a Python number wrapped by the op's caller: ``mask
+    * 0.0`` passes 0.0 as one), read from its memory: calling .item() would dispatch an op into
+    the trace."""
+    kind = _CTYPES.get(t.dtype)
+    if kind is None or t.device.type != "cpu" or t.numel() != 1 or t.layout != torch.strided:
+        return None
+    value = kind.from_address(t.data_ptr()).value
+    return bool(value) if t.dtype == torch.bool else value
+
+
 class KnownValues(TorchDispatchMode):
-    """Follow uniform tensors and answer ``.item()`` on them (see the module docstring).
+    """Follow value sets and answer ``.item()`` where one value is left (module docstring).
 
     `known`: tensors (made before the run) whose every element is known, with that value.
     `answered` counts the ``.item()`` calls answered.
@@ -112,36 +174,57 @@ class KnownValues(TorchDispatchMode):
 
     def __init__(self, known: dict[int, tuple[torch.Tensor, Value]] | None = None) -> None:
         super().__init__()
-        # id(tensor) -> (weak reference, value, storage key); an entry leaves with its tensor.
-        self._marks: dict[int, tuple[weakref.ref[torch.Tensor], Value, int]] = {}
+        # id(tensor) -> (weak reference, value set, storage key); an entry leaves with its
+        # tensor (a weakref callback), so an id is never read for another tensor.
+        self._marks: dict[int, tuple[weakref.ref[torch.Tensor], Values, int]] = {}
         self.answered = 0
         for t, value in (known or {}).values():
-            self.mark(t, value)
+            self.mark(t, frozenset({value}))
 
     # -- marks ----------------------------------------------------------------------------
-    def mark(self, t: torch.Tensor, value: Value) -> None:
-        v = cast(value, t.dtype)
+    def mark(self, t: torch.Tensor, values: Iterable[Value]) -> None:
+        vs = _cast_all(values, t.dtype)
         storage = _storage_key(t)
-        if v is None or storage is None:
+        if vs is None or storage is None:
+            self._marks.pop(id(t), None)
             return
         key = id(t)
         marks = self._marks
         ref = weakref.ref(t, lambda _r, key=key: marks.pop(key, None))
-        marks[key] = (ref, v, storage)
+        marks[key] = (ref, vs, storage)
 
-    def value(self, t: object) -> Value | None:
+    def values(self, t: object) -> Values | None:
+        """The set every element of `t` is drawn from; a Python scalar is its own set."""
+        if isinstance(t, (bool, int, float)):
+            return frozenset({t})
         if not isinstance(t, torch.Tensor):
             return None
+        if t.device.type == "cpu":
+            v = _cpu_scalar(t)
+            return frozenset({v}) if v is not None else None
         entry = self._marks.get(id(t))
         if entry is None or entry[0]() is not t:
             return None
         return entry[1]
 
-    def _forget_storage(self, t: torch.Tensor) -> None:
-        """An in-place write: no view of this storage is known any more."""
+    def _written_into(self, t: torch.Tensor, after: Values | None) -> None:
+        """`t` was written in place and now holds values from `after` (None: unknown). Other
+        views of its storage keep their old values or took some of `after`."""
         key = _storage_key(t)
-        for k in [k for k, e in self._marks.items() if key is None or e[2] == key]:
-            self._marks.pop(k, None)
+        for k, (ref, vs, storage) in list(self._marks.items()):
+            if key is not None and storage != key:
+                continue
+            other = ref()
+            if other is None or other is t:
+                continue
+            if after is None or key is None:
+                self._marks.pop(k, None)
+            else:
+                self.mark(other, vs | after)
+        if after is None:
+            self._marks.pop(id(t), None)
+        else:
+            self.mark(t, after)
 
     # -- the mode -------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -149,82 +232,100 @@ class KnownValues(TorchDispatchMode):
         kwargs = kwargs or {}
         packet = func.overloadpacket
         if packet is aten._local_scalar_dense:
-            v = self.value(args[0])
-            if v is not None:
+            vs = self.values(args[0])
+            if vs is not None and len(vs) == 1:
                 self.answered += 1
-                return v
-        result = self._result_value(func, packet, args, kwargs)
+                return next(iter(vs))
+        written = _written(func, args, kwargs)
+        try:
+            result = self._result_values(func, packet, args, kwargs, written)
+        except (TypeError, ValueError, ArithmeticError, IndexError):
+            result = None  # a rule that does not fit this call: unknown, never an error
         out = func(*args, **kwargs)
-        written = [a for a, s in zip(args, func._schema.arguments, strict=False)
-                   if s.alias_info is not None and s.alias_info.is_write
-                   and isinstance(a, torch.Tensor)]
-        written += [v for k, v in kwargs.items() if isinstance(v, torch.Tensor)
-                    and any(s.name == k and s.alias_info is not None and s.alias_info.is_write
-                            for s in func._schema.arguments)]
-        for t in written:
-            self._forget_storage(t)
-        if result is None:
+        if written:
+            for t in written:
+                self._written_into(t, result)
             return out
-        targets = written if written else [t for t in tree_leaves(out)
-                                           if isinstance(t, torch.Tensor)]
-        if packet in (aten.max, aten.min) and isinstance(out, tuple):
-            targets = targets[:1]  # (values, indices): the indices are not uniform
-        for t in targets:
-            self.mark(t, result)
+        if result is not None:
+            targets = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            if packet in (aten.max, aten.min) and isinstance(out, tuple):
+                targets = targets[:1]  # (values, indices): only the values are known
+            for t in targets:
+                self.mark(t, result)
         return out
 
-    def _result_value(self, func: Any, packet: Any, args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> Value | None:
-        """The value every element of `func`'s output takes, where the inputs make it known."""
+    def _result_values(self, func: Any, packet: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any], written: list[torch.Tensor]) -> Values | None:
+        """The set `func`'s output (or the tensor it writes) takes its elements from."""
         if packet in _FACTORY_VALUE:
-            return _FACTORY_VALUE[packet]
+            return frozenset({_FACTORY_VALUE[packet]})
         if packet in _FILL_ARG:
             i = _FILL_ARG[packet]
             v = args[i] if len(args) > i else kwargs.get("fill_value", kwargs.get("value"))
-            if isinstance(v, torch.Tensor):
-                return self.value(v)
-            return v if isinstance(v, (bool, int, float)) else None
-        if packet in _SAME_VALUE:
-            return self.value(args[0]) if args else None
+            return self.values(v)
+        if packet is aten.copy_:
+            return self.values(args[1])
+        if packet is aten.constant_pad_nd:
+            pad_value = args[2] if len(args) > 2 else kwargs.get("value", 0)
+            src, pad = self.values(args[0]), self.values(pad_value)
+            return src | pad if src is not None and pad is not None else None
+        if packet in _SAME_VALUES:
+            return self.values(args[0])
         if packet in (aten.cat, aten.stack):
             tensors = args[0] if args else kwargs.get("tensors", [])
-            values = {self.value(t) for t in tensors}
-            return values.pop() if len(values) == 1 and tensors else None
-        if packet in (aten.all, aten.any, aten.sum, aten.mean, aten.amax, aten.amin,
-                      aten.max, aten.min):
-            src = args[0] if args else None
-            v = self.value(src)
-            if v is None or not isinstance(src, torch.Tensor):
+            sets = [self.values(t) for t in tensors]
+            if not sets or any(s is None for s in sets):
                 return None
-            return self._reduction(packet, src, v, args, kwargs)  # dtype= casts at mark()
-        if packet is aten.where and func._overloadname == "self" and len(args) == 3:
-            cond, a, b = (self.value(x) if isinstance(x, torch.Tensor) else x for x in args)
-            if cond is not None:
-                return a if cond else b
-            return a if a is not None and a == b else None
-        if packet is aten.masked_fill and len(args) == 3:
-            base, mask = self.value(args[0]), self.value(args[1])
-            fill = self.value(args[2]) if isinstance(args[2], torch.Tensor) else args[2]
-            if mask is not None:
-                return fill if mask else base
-            return base if base is not None and base == fill else None
-        rule = _ELEMENTWISE.get(packet)
+            return frozenset().union(*sets)
+        if packet in _REDUCTIONS:
+            src = args[0] if args else None
+            vs = self.values(src)
+            if vs is None or not isinstance(src, torch.Tensor):
+                return None
+            return self._reduction(packet, src, vs, args, kwargs)  # dtype= casts at mark()
+        if packet is aten.where and len(args) == 3:
+            cond, a, b = (self.values(x) for x in args)
+            if a is None or b is None:
+                return None
+            if cond is not None and cond == {True}:
+                return a
+            if cond is not None and cond == {False}:
+                return b
+            return a | b  # either branch, element by element
+        if packet in (aten.masked_fill, aten.masked_fill_) and len(args) == 3:
+            base, mask, fill = (self.values(x) for x in args)
+            if base is None or fill is None:
+                return None
+            if mask is not None and mask == {True}:
+                return fill
+            if mask is not None and mask == {False}:
+                return base
+            return base | fill
+        if packet is aten.index_put_ and len(args) >= 3:
+            accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+            base, new = self.values(args[0]), self.values(args[2])
+            index = args[1]
+            if (base is not None and len(index) == 1 and isinstance(index[0], torch.Tensor)
+                    and index[0].dtype == torch.bool and self.values(index[0]) == {False}):
+                return base  # x[mask] = v with a mask known all-False writes nothing
+            if accumulate or base is None or new is None:
+                return None
+            return base | new
+        rule_packet = _ELEMENTWISE_INPLACE.get(packet, packet)
+        rule = _ELEMENTWISE.get(rule_packet)
         if rule is None or kwargs:
             return None
-        values: list[Value] = []
-        for a in args:
-            v = self.value(a) if isinstance(a, torch.Tensor) else a
-            if not isinstance(v, (bool, int, float)):
-                return None
-            values.append(v)
-        try:
-            return rule(values)
-        except (TypeError, ValueError, ArithmeticError):
+        sets = [self.values(a) for a in args]
+        if any(s is None for s in sets):
             return None
+        combos = math.prod(len(s) for s in sets)  # type: ignore[arg-type]
+        if combos > MAX_VALUES * MAX_VALUES:
+            return None
+        return frozenset(rule(list(c)) for c in itertools.product(*sets))  # type: ignore[arg-type]
 
     @staticmethod
-    def _reduction(packet: Any, src: torch.Tensor, v: Value, args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Value | None:
+    def _reduction(packet: Any, src: torch.Tensor, vs: Values, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Values | None:
         dims: Any = args[1] if len(args) > 1 else kwargs.get("dim")
         if isinstance(dims, (bool, torch.Tensor)):  # max(a, b) / min(a, b): element-wise
             return None
@@ -236,4 +337,4 @@ class KnownValues(TorchDispatchMode):
             count = 1
             for d in dims:
                 count *= src.shape[d] if src.dim() else 1
-        return _reduce(packet, v, count)
+        return _reduce(packet, vs, count)

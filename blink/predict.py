@@ -594,9 +594,9 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         notes.append(f"traced for {traced_for}; SDPA kernel choice is that GPU's")
     answered = t.meta.get("items_answered")
     if answered:
-        notes.append(f"{answered} .item() call(s) in the model's code answered from tensors of one "
-                     "known value (all-ones masks, Blink's token ids; blink/known_values.py); "
-                     "their GPU sync is not costed")
+        notes.append(f"{answered} .item() call(s) in the model's code answered from tensors whose "
+                     "values Blink follows (all-ones masks, its own token ids; "
+                     "blink/known_values.py); their GPU sync is not costed")
     models = None
     if predictor in ("auto", "trees"):
         models = load_models()  # ArtifactError for a corrupt or incompatible models/

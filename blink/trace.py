@@ -730,7 +730,7 @@ def _translate(exc: Exception, failure: tuple[str, str | None] | None,
             "traced with nonzero='assume_all' (every element counted as non-zero: an upper "
             "bound); .item()/.tolist()/if-on-a-tensor must be removed from the traced code or "
             "replaced by a value known ahead (e.g. a Python int). Blink answers .item() only on "
-            "tensors whose every element it knows (made by ones/zeros/full, Blink's own token "
+            "tensors whose values it follows from constants (ones/zeros/full, its own token "
             "ids; blink/known_values.py).",
             op=op, module=module)
     if "NVIDIA driver" in text or "not compiled with CUDA" in text or "CUDA driver" in text:
