@@ -41,10 +41,11 @@ def _family(name: str) -> str:
 
 
 def _unknown(name: str, candidates: list[str], what: str, extra: str = "",
-             noun: str = "model") -> UnknownModelError:
+             noun: str = "model", list_zoo: bool = True) -> UnknownModelError:
     close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
-    zoo = "" if noun != "model" or "Known:" in extra else f" Zoo names: {', '.join(sorted(ZOO))}."
+    zoo = ("" if noun != "model" or "Known:" in extra or not list_zoo
+           else f" Zoo names: {', '.join(sorted(ZOO))}.")
     return UnknownModelError(f"unknown {noun} {name!r} ({what}).{hint}{extra}{zoo}")
 
 
@@ -251,12 +252,25 @@ def resolve(name: str) -> ZooEntry:
         return _timm_entry(name.removeprefix("timm:"))
     if name.startswith("hf:"):
         rest = name.removeprefix("hf:")
-        if rest.endswith(".json") or os.sep in rest:
+        if os.path.isdir(rest) and os.path.isfile(os.path.join(rest, "config.json")):
+            return _hf_file_entry(name, os.path.join(rest, "config.json"))  # a checkout
+        if rest.endswith(".json") or os.path.exists(rest):
             return _hf_file_entry(name, rest)
         shipped = sorted(n for n in ZOO if n.startswith("hf:"))
+        if "/" in rest:  # org/name: a Hugging Face Hub id, which a dry run does not fetch
+            close = difflib.get_close_matches(
+                "hf:" + rest.rpartition("/")[2].lower(), shipped, n=3, cutoff=0.6)
+            like = f" Shipped configs like it: {', '.join(close)}." if close else ""
+            raise UnknownModelError(
+                f"{name!r} looks like a Hugging Face Hub id (or a path that does not exist): "
+                "Blink fetches nothing. Download its config once (`huggingface-cli download "
+                f"{rest} config.json --local-dir DIR`, or save config.json from the model "
+                f"page) and pass hf:DIR/config.json or hf:DIR.{like} Shipped: "
+                f"{', '.join(shipped)}.")
         raise _unknown(name, shipped, "no such shipped transformers config",
                        f" Shipped: {', '.join(shipped)}; or give a config file as "
-                       "hf:path/to/config.json (nothing is fetched from the Hub).")
+                       "hf:path/to/config.json (nothing is fetched from the Hub).",
+                       list_zoo=False)
     if ":" in name and name.rpartition(":")[0].endswith(".py"):
         return _file_entry(name)
     raise _unknown(name, list(ZOO), "not a zoo name or a model spec",

@@ -276,3 +276,18 @@ def test_collect_on_cpu_is_quiet(tmp_path):
     assert "[2/2" in text  # its own progress lines stay
     for noise in ("USDT", "ERROR", "profiler_start", "Warning"):
         assert noise not in text, text[-2000:]
+
+
+def test_hf_hub_ids_and_checkout_folders(tmp_path):
+    # A Hub id is not fetched: the error says how to get its config and names shipped ones
+    # close to it; a folder holding config.json (a local checkout) is read as that file.
+    with pytest.raises(blink.UnknownModelError, match="Hub id") as info:
+        blink.predict("hf:meta-llama/Llama-3.1-8B", batch_size=1, seq_len=16)
+    assert "hf:llama-3-8b" in str(info.value) and "config.json" in str(info.value)
+    assert "Zoo names" not in str(info.value)
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
+    p = blink.predict(f"hf:{folder}", batch_size=1, seq_len=16)
+    q = blink.predict(f"hf:{folder / 'config.json'}", batch_size=1, seq_len=16)
+    assert p.time_ms == q.time_ms and p.peak_allocated_bytes == q.peak_allocated_bytes
