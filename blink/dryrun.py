@@ -301,7 +301,7 @@ def prepare(
             )
 
     known: dict[str, bool | int | float] = {}
-    if made_inputs:
+    if made_inputs and "input_ids" in kwargs:  # a text model's tokens (not image labels)
         token = _plain_token_id(net)
         known = {k: token for k in _TOKEN_INPUTS if k in kwargs}
     if param_dtype != torch.float32:
@@ -344,13 +344,17 @@ def _plain_token_id(net: torch.nn.Module) -> int:
     """The smallest token id from 3 up that the model's config gives no special role (pad, bos,
     eos, sep, cls, mask, ...)."""
     config = getattr(net, "config", None)
-    fields = config.to_dict() if hasattr(config, "to_dict") else {}
     special: set[int] = set()
-    for key, value in fields.items():
-        if key.endswith("token_id") or key.endswith("token_ids"):
-            for v in value if isinstance(value, (list, tuple)) else [value]:
-                if isinstance(v, int):
-                    special.add(v)
+    todo = [config.to_dict() if hasattr(config, "to_dict") else {}]
+    while todo:  # nested configs too (text_config, decoder, ...)
+        fields = todo.pop()
+        for key, value in fields.items():
+            if isinstance(value, dict):
+                todo.append(value)
+            elif isinstance(key, str) and key.endswith(("token_id", "token_ids")):
+                for v in value if isinstance(value, (list, tuple)) else [value]:
+                    if isinstance(v, int):
+                        special.add(v)
     token = 3
     while token in special:
         token += 1

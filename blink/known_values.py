@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
+import struct
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,17 +40,57 @@ Values = frozenset  # of Value: every element of the tensor is one of them
 MAX_VALUES = 16
 
 
+# The largest integer each float dtype holds exactly, with every integer below it.
+_EXACT_INT = {torch.float64: 2 ** 53, torch.float32: 2 ** 24, torch.float16: 2 ** 11,
+              torch.bfloat16: 2 ** 8}
+
+
+def _exact_float(v: float, dtype: torch.dtype) -> bool:
+    """Whether `v` is a value of `dtype` exactly (then torch and Python agree on it)."""
+    if math.isnan(v):
+        return False
+    if math.isinf(v) or dtype == torch.float64:
+        return True
+    try:
+        if dtype == torch.float32:
+            return struct.unpack("<f", struct.pack("<f", v))[0] == v
+        if dtype == torch.float16:
+            return struct.unpack("<e", struct.pack("<e", v))[0] == v
+        if dtype == torch.bfloat16:  # a float32 whose low 16 bits are zero
+            bits = struct.unpack("<I", struct.pack("<f", v))[0]
+            return struct.unpack("<f", struct.pack("<I", bits))[0] == v and bits & 0xFFFF == 0
+    except OverflowError:
+        return False
+    return False  # float8 and other formats: not followed
+
+
 def cast(value: Value, dtype: torch.dtype) -> Value | None:
-    """`value` as an element of `dtype` holds it (None: a dtype not followed)."""
+    """`value` as an element of `dtype`, or None where torch would round, overflow or wrap it
+    (a value is only followed while Python and torch agree on it exactly)."""
     if dtype == torch.bool:
         return bool(value)
     if dtype.is_complex:
         return None
     if dtype.is_floating_point:
-        return float(value)
-    if isinstance(value, float) and not math.isfinite(value):
+        v = float(value)
+        if not isinstance(value, float) and v != value:
+            return None  # an integer beyond a double's exact range
+        return v if _exact_float(v, dtype) else None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        value = int(value)  # C's float-to-int conversion truncates toward zero
+    try:
+        info = torch.iinfo(dtype)
+    except TypeError:
         return None
-    return int(value)
+    v = int(value)
+    return v if info.min <= v <= info.max else None
+
+
+def _exact_in(values: Values, dtypes: Iterable[torch.dtype]) -> bool:
+    """Every value is the same number in each of `dtypes`."""
+    return all(cast(v, d) == v for d in dtypes for v in values)
 
 
 def _cast_all(values: Iterable[Value], dtype: torch.dtype) -> Values | None:
@@ -85,17 +126,20 @@ _ELEMENTWISE: dict[Any, Callable[[list[Value]], Value]] = {
     aten.rsub: lambda v: v[1] - v[0],
     aten.div: lambda v: v[0] / v[1],  # true division (rounding_mode= comes as a kwarg: skipped)
 }
+_UNARY = {aten.logical_not, aten.bitwise_not, aten.neg, aten.abs}
 # Their in-place forms (self is read, then written).
 _ELEMENTWISE_INPLACE = {getattr(aten, p.__name__ + "_"): p for p in _ELEMENTWISE
                         if hasattr(aten, p.__name__ + "_")}
 
-# Ops whose outputs hold only elements of their first tensor argument (views, copies, gathers).
+# Ops whose outputs hold only elements of their first tensor argument (views, copies, gathers;
+# not as_strided, which can reach storage outside the view, nor view(dtype), which reinterprets
+# the bits).
 _SAME_VALUES = {
     aten.view, aten._unsafe_view, aten.reshape, aten._reshape_alias, aten.expand, aten.slice,
     aten.select, aten.unsqueeze, aten.squeeze, aten.permute, aten.transpose, aten.t,
     aten.alias, aten.clone, aten._to_copy, aten.detach, aten.lift_fresh, aten.index,
     aten.index_select, aten.gather, aten.repeat, aten.narrow, aten.split,
-    aten.split_with_sizes, aten.chunk, aten.unbind, aten.as_strided, aten.expand_copy,
+    aten.split_with_sizes, aten.chunk, aten.unbind, aten.expand_copy,
     aten.view_copy, aten.unfold, aten.diagonal, aten.flip, aten.roll, aten.contiguous,
 }
 
@@ -107,8 +151,10 @@ _REDUCTIONS = (aten.all, aten.any, aten.sum, aten.mean, aten.amax, aten.amin, at
                aten.min)
 
 
-def _reduce(packet: Any, values: Values, count: int) -> Values | None:
-    """The values a reduction over `count` elements drawn from `values` can take."""
+def _reduce(packet: Any, values: Values, count: int,
+            dtypes: tuple[torch.dtype, ...]) -> Values | None:
+    """The values a reduction over `count` elements drawn from `values` can take (`dtypes`:
+    the input's and the output's)."""
     if packet in (aten.all, aten.any):
         if count == 0:
             return frozenset({packet is aten.all})
@@ -116,13 +162,20 @@ def _reduce(packet: Any, values: Values, count: int) -> Values | None:
         return frozenset(truth) if len(truth) == 1 else None
     if packet in (aten.amax, aten.amin, aten.max, aten.min):
         return values if count else None  # the extreme is one of the elements
-    if len(values) != 1:
+    if len(values) != 1 or count == 0:
         return None  # a sum or mean of several possible values is not known
     (v,) = values
+    floats = [d for d in dtypes if d.is_floating_point]
+    if floats:
+        # v = m / 2^k: every partial sum j * v is exact in a float dtype while j * |m| stays
+        # within the integers it holds exactly; then any summation order gives j * v.
+        m = float(v).as_integer_ratio()[0] if math.isfinite(float(v)) else None
+        if m is None or abs(m) * count > min(_EXACT_INT.get(d, 0) for d in floats):
+            return None
     if packet is aten.sum:
         return frozenset({v * count})
     if packet is aten.mean:
-        return frozenset({float(v)}) if count else None
+        return frozenset({float(v)})
     return None
 
 
@@ -159,9 +212,13 @@ def _cpu_scalar(t: torch.Tensor) -> Value | None:
     * 0.0`` passes 0.0 as one), read from its memory: calling .item() would dispatch an op into
     the trace."""
     kind = _CTYPES.get(t.dtype)
-    if kind is None or t.device.type != "cpu" or t.numel() != 1 or t.layout != torch.strided:
+    if (kind is None or type(t) is not torch.Tensor or t.device.type != "cpu" or t.numel() != 1
+            or t.layout != torch.strided or t.is_neg() or t.is_conj()):
         return None
-    value = kind.from_address(t.data_ptr()).value
+    address = t.data_ptr()
+    if not address:
+        return None
+    value = kind.from_address(address).value
     return bool(value) if t.dtype == torch.bool else value
 
 
@@ -203,8 +260,8 @@ class KnownValues(TorchDispatchMode):
             v = _cpu_scalar(t)
             return frozenset({v}) if v is not None else None
         entry = self._marks.get(id(t))
-        if entry is None or entry[0]() is not t:
-            return None
+        if entry is None or entry[0]() is not t or _storage_key(t) != entry[2]:
+            return None  # (x.data = y swaps the storage without an op this mode sees)
         return entry[1]
 
     def _written_into(self, t: torch.Tensor, after: Values | None) -> None:
@@ -243,8 +300,10 @@ class KnownValues(TorchDispatchMode):
             result = None  # a rule that does not fit this call: unknown, never an error
         out = func(*args, **kwargs)
         if written:
-            for t in written:
-                self._written_into(t, result)
+            for i, t in enumerate(written):
+                # max / min out=(values, indices): only the values are known
+                indices = i > 0 and packet in (aten.max, aten.min)
+                self._written_into(t, None if indices else result)
             return out
         if result is not None:
             targets = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -270,6 +329,8 @@ class KnownValues(TorchDispatchMode):
             src, pad = self.values(args[0]), self.values(pad_value)
             return src | pad if src is not None and pad is not None else None
         if packet in _SAME_VALUES:
+            if func._overloadname == "dtype":  # view(dtype): the same bits, other values
+                return None
             return self.values(args[0])
         if packet in (aten.cat, aten.stack):
             tensors = args[0] if args else kwargs.get("tensors", [])
@@ -282,7 +343,7 @@ class KnownValues(TorchDispatchMode):
             vs = self.values(src)
             if vs is None or not isinstance(src, torch.Tensor):
                 return None
-            return self._reduction(packet, src, vs, args, kwargs)  # dtype= casts at mark()
+            return self._reduction(packet, src, vs, args, kwargs)
         if packet is aten.where and len(args) == 3:
             cond, a, b = (self.values(x) for x in args)
             if a is None or b is None:
@@ -313,10 +374,17 @@ class KnownValues(TorchDispatchMode):
             return base | new
         rule_packet = _ELEMENTWISE_INPLACE.get(packet, packet)
         rule = _ELEMENTWISE.get(rule_packet)
-        if rule is None or kwargs:
-            return None
+        if rule is None or kwargs or len(args) != (1 if rule_packet in _UNARY else 2):
+            return None  # alpha= (add / sub / rsub .Scalar take it positionally) and the like
         sets = [self.values(a) for a in args]
         if any(s is None for s in sets):
+            return None
+        # The dtype the op computes in is one of these or wider: the operands must be the same
+        # numbers in all of them (a Python float meets a float tensor as the default dtype).
+        dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+        if any(isinstance(a, float) for a in args):
+            dtypes.add(torch.get_default_dtype())
+        if not all(_exact_in(s, dtypes) for s in sets):  # type: ignore[arg-type]
             return None
         combos = math.prod(len(s) for s in sets)  # type: ignore[arg-type]
         if combos > MAX_VALUES * MAX_VALUES:
@@ -329,12 +397,16 @@ class KnownValues(TorchDispatchMode):
         dims: Any = args[1] if len(args) > 1 else kwargs.get("dim")
         if isinstance(dims, (bool, torch.Tensor)):  # max(a, b) / min(a, b): element-wise
             return None
-        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0
-                            and packet in (aten.sum, aten.mean)):
+        if isinstance(dims, (list, tuple)) and len(dims) == 0:
+            if packet not in (aten.sum, aten.mean, aten.amax, aten.amin):
+                return None  # all(dim=()) and the like: not followed
+            dims = None  # sum / mean / amax / amin over dim=[]: every element
+        if dims is None:
             count = src.numel()
         else:
             dims = [dims] if isinstance(dims, int) else list(dims)
             count = 1
             for d in dims:
                 count *= src.shape[d] if src.dim() else 1
-        return _reduce(packet, vs, count)
+        out_dtype = kwargs.get("dtype") or src.dtype
+        return _reduce(packet, vs, count, (src.dtype, out_dtype))

@@ -171,3 +171,62 @@ def test_blinks_token_ids_are_one_ordinary_token(name):
     assert token not in special and 0 <= token < config["vocab_size"]
     plain = dryrun.prepare(torch.nn.Linear(4, 4), input_shape=(2, 4))
     assert plain.known == {}  # the user's own inputs: values unknown
+
+
+def _max_out_indices(d: str) -> object:
+    x = torch.full((2, 3), 5.0, device=d)
+    v, i = torch.empty(2, device=d), torch.empty(2, dtype=torch.long, device=d)
+    torch.max(x, 1, out=(v, i))
+    return i[0].item()
+
+
+def _outside_view(d: str) -> object:
+    b = torch.zeros(4, device=d)
+    b[:2].fill_(1)
+    return b[:2].as_strided((1,), (1,), 3).item()
+
+
+def _swapped_data(d: str) -> object:
+    x = torch.ones(1, device=d)
+    x.data = torch.zeros(1, device=d)
+    return x.item()
+
+
+# Where torch rounds, overflows, wraps or reinterprets, Python's arithmetic would answer
+# differently: such values must stay unknown (an unanswered .item() is safe, a wrong one
+# silently changes the traced program).
+_TORCH_SEMANTICS = {
+    "f32 rounding": lambda d: torch.full((1,), 0.1, device=d).item() == 0.1,
+    "f32 vs f64": lambda d: bool(torch.full((1,), 0.1, device=d).double() == 0.1),
+    "f16 overflow": lambda d: torch.full((1,), 70000.0, dtype=torch.float16, device=d).item(),
+    "f32 overflow": lambda d: bool(torch.ones(1, device=d) * torch.finfo(torch.float32).min * 2
+                                   == float("-inf")),
+    "int promoted to f32": lambda d: bool(torch.full((1,), 16777217, device=d) == 16777216.0),
+    "int32 wraps": lambda d: bool(torch.full((1,), 2**31 - 1, dtype=torch.int32, device=d) + 1
+                                  > 0),
+    "int64 wraps": lambda d: bool(torch.full((1,), 2**62, device=d) * 4 == 0),
+    "uint8 wraps": lambda d: torch.zeros(1, dtype=torch.uint8, device=d).sub(1).item(),
+    "uint8 cast": lambda d: torch.full((1,), 300, device=d).to(torch.uint8).item(),
+    "view(dtype)": lambda d: torch.ones(1, device=d).view(torch.int32).item(),
+    "alpha": lambda d: torch.rsub(torch.ones(1, device=d), 5, alpha=2).item(),
+    "f32 sum": lambda d: bool(torch.full((10,), 0.1, device=d).sum() == 1.0),
+    "bf16 sum": lambda d: torch.ones(257, dtype=torch.bfloat16, device=d).sum().long().item(),
+    "0.1 + 0.2": lambda d: bool(torch.ones(1, device=d) * 0.1 + 0.2 == 0.3),
+    "int / 3": lambda d: (torch.ones(1, dtype=torch.long, device=d) / 3).item(),
+    "max out= indices": _max_out_indices,
+    "as_strided": _outside_view,
+    "x.data =": _swapped_data,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TORCH_SEMANTICS))
+def test_never_answers_differently_from_torch(name):
+    fn = _TORCH_SEMANTICS[name]
+    real = fn("cpu")
+    with KnownValues():
+        try:
+            got = fn("meta")
+        except RuntimeError as e:
+            assert "meta" in str(e)  # unknown: the dry run's usual error
+            return
+    assert got == real
