@@ -120,9 +120,6 @@ def timm_times(rows: list[dict[str, object]],
     """Whole-model time, conv-unit time and the roofline timeline (the prediction's lower end
     with predictor="analytic"), in ms, of each row's model on the RTX 3090."""
     import blink
-    from blink import learned
-
-    learned._CACHE.clear()  # BLINK_MODELS_DIR may have changed
     total, conv, roof = [], [], []
     for r in rows:
         b, s = int(r["batch"]), int(r["img_size"])

@@ -219,6 +219,12 @@ class Prepared:
     known_values: bool = False
     items_answered: int = 0  # .item() calls the last execute answered from known values
 
+    def known_values_mode(self) -> Any:
+        """A blink.known_values.KnownValues mode that knows this run's known inputs."""
+        from .known_values import KnownValues
+
+        return KnownValues((v, self.known[k]) for k, v in self.kwargs.items() if k in self.known)
+
 
 def prepare(
     model: torch.nn.Module | str,
@@ -377,6 +383,7 @@ def trace_model(
     first_step: bool = False,
     warmup: bool = False,
     channels_last: bool = False,
+    known_values: bool | None = None,
 ) -> Trace:
     """Dry-run an inference forward or one whole training step and return its Trace.
 
@@ -396,29 +403,31 @@ def trace_model(
 
     channels_last=True runs the model as `model.to(memory_format=torch.channels_last)` with its
     4-D inputs channels-last (NHWC); a ConfigError when no input is 4-D.
+
+    known_values: whether to follow tensors of known values and answer .item() on them
+    (blink.known_values); None (default) does so only to retry a trace that failed on .item(),
+    as that mode sends every op through Python.
     """
-    run = dict(inputs=inputs, input_shape=input_shape, batch_size=batch_size, seq_len=seq_len,
-               dtype=dtype, mode=mode, optimizer=optimizer, gpu=gpu, loss_fn=loss_fn,
-               nonzero=nonzero, first_step=first_step, warmup=warmup,
-               channels_last=channels_last)
+    run = dict(input_shape=input_shape, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
+               mode=mode, optimizer=optimizer, gpu=gpu, loss_fn=loss_fn, nonzero=nonzero,
+               first_step=first_step, warmup=warmup, channels_last=channels_last)
+    if known_values is not None:
+        return _trace_once(model, inputs, known_values, **run)
     try:
-        return _trace_once(model, known_values=False, **run)
+        return _trace_once(model, inputs, False, **run)
     except DataDependentError as exc:
         if exc.op not in ("aten::_local_scalar_dense", "aten::item"):
             raise
-    # .item() / bool() on a meta tensor: run again following the tensors whose values are known
-    # (blink.known_values), only now, as that mode sends every op through Python.
-    return _trace_once(model, known_values=True, **run)
+    return _trace_once(model, inputs, True, **run)
 
 
-def _trace_once(model: torch.nn.Module | str, *, known_values: bool, inputs: object,
-                input_shape: object, batch_size: int | None, seq_len: int | None,
-                dtype: str | torch.dtype | None, mode: str, optimizer: str, gpu: str,
-                loss_fn: Callable[[object], torch.Tensor] | None, nonzero: str,
-                first_step: bool, warmup: bool, channels_last: bool) -> Trace:
-    p = prepare(model, inputs, input_shape=input_shape, batch_size=batch_size, seq_len=seq_len,
-                dtype=dtype, mode=mode, optimizer=optimizer, channels_last=channels_last)
+def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool, *,
+                gpu: str, loss_fn: Callable[[object], torch.Tensor] | None, nonzero: str,
+                first_step: bool, warmup: bool, **prep: Any) -> Trace:
+    """trace_model with the known-values choice made (`prep`: prepare's keywords)."""
+    p = prepare(model, inputs, **prep)
     p.known_values = known_values
+    mode = p.meta["mode"]
     opt = None
     if not first_step:
         opt = make_optimizer(p)
@@ -499,10 +508,7 @@ def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = N
         if mode == "inference":
             stack.enter_context(torch.no_grad())
         if p.known_values:
-            from .known_values import KnownValues
-
-            known = {id(v): (v, p.known[k]) for k, v in p.kwargs.items() if k in p.known}
-            follow = stack.enter_context(KnownValues(known))
+            follow = stack.enter_context(p.known_values_mode())
             stack.callback(lambda: setattr(p, "items_answered", follow.answered))
         out = p.net(*p.args, **p.kwargs)
         if mode == "inference":

@@ -179,6 +179,18 @@ def _reduce(packet: Any, values: Values, count: int,
     return None
 
 
+def _select(cond: Values | None, if_true: Values | None,
+            if_false: Values | None) -> Values | None:
+    """The values of an element-wise choice (where, masked_fill) by a condition's values."""
+    if if_true is None or if_false is None:
+        return None
+    if cond == {True}:
+        return if_true
+    if cond == {False}:
+        return if_false
+    return if_true | if_false  # either, element by element
+
+
 def _storage_key(t: torch.Tensor) -> int | None:
     """The address of `t`'s StorageImpl (shared by its views); None for tensors without one."""
     if t.layout != torch.strided:
@@ -225,17 +237,17 @@ def _cpu_scalar(t: torch.Tensor) -> Value | None:
 class KnownValues(TorchDispatchMode):
     """Follow value sets and answer ``.item()`` where one value is left (module docstring).
 
-    `known`: tensors (made before the run) whose every element is known, with that value.
-    `answered` counts the ``.item()`` calls answered.
+    `known`: (tensor, value) pairs of tensors made before the run whose every element is that
+    value. `answered` counts the ``.item()`` calls answered.
     """
 
-    def __init__(self, known: dict[int, tuple[torch.Tensor, Value]] | None = None) -> None:
+    def __init__(self, known: Iterable[tuple[torch.Tensor, Value]] = ()) -> None:
         super().__init__()
         # id(tensor) -> (weak reference, value set, storage key); an entry leaves with its
         # tensor (a weakref callback), so an id is never read for another tensor.
         self._marks: dict[int, tuple[weakref.ref[torch.Tensor], Values, int]] = {}
         self.answered = 0
-        for t, value in (known or {}).values():
+        for t, value in known:
             self.mark(t, frozenset({value}))
 
     # -- marks ----------------------------------------------------------------------------
@@ -295,7 +307,7 @@ class KnownValues(TorchDispatchMode):
                 return next(iter(vs))
         written = _written(func, args, kwargs)
         try:
-            result = self._result_values(func, packet, args, kwargs, written)
+            result = self._result_values(func, packet, args, kwargs)
         except (TypeError, ValueError, ArithmeticError, IndexError):
             result = None  # a rule that does not fit this call: unknown, never an error
         out = func(*args, **kwargs)
@@ -314,7 +326,7 @@ class KnownValues(TorchDispatchMode):
         return out
 
     def _result_values(self, func: Any, packet: Any, args: tuple[Any, ...],
-                       kwargs: dict[str, Any], written: list[torch.Tensor]) -> Values | None:
+                       kwargs: dict[str, Any]) -> Values | None:
         """The set `func`'s output (or the tensor it writes) takes its elements from."""
         if packet in _FACTORY_VALUE:
             return frozenset({_FACTORY_VALUE[packet]})
@@ -346,22 +358,10 @@ class KnownValues(TorchDispatchMode):
             return self._reduction(packet, src, vs, args, kwargs)
         if packet is aten.where and len(args) == 3:
             cond, a, b = (self.values(x) for x in args)
-            if a is None or b is None:
-                return None
-            if cond is not None and cond == {True}:
-                return a
-            if cond is not None and cond == {False}:
-                return b
-            return a | b  # either branch, element by element
+            return _select(cond, a, b)
         if packet in (aten.masked_fill, aten.masked_fill_) and len(args) == 3:
             base, mask, fill = (self.values(x) for x in args)
-            if base is None or fill is None:
-                return None
-            if mask is not None and mask == {True}:
-                return fill
-            if mask is not None and mask == {False}:
-                return base
-            return base | fill
+            return _select(mask, fill, base)
         if packet is aten.index_put_ and len(args) >= 3:
             accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
             base, new = self.values(args[0]), self.values(args[2])

@@ -44,8 +44,7 @@ def _unknown(name: str, candidates: list[str], what: str, extra: str = "",
              noun: str = "model", list_zoo: bool = True) -> UnknownModelError:
     close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
-    zoo = ("" if noun != "model" or "Known:" in extra or not list_zoo
-           else f" Zoo names: {', '.join(sorted(ZOO))}.")
+    zoo = "" if noun != "model" or not list_zoo else f" Zoo names: {', '.join(sorted(ZOO))}."
     return UnknownModelError(f"unknown {noun} {name!r} ({what}).{hint}{extra}{zoo}")
 
 
@@ -276,7 +275,7 @@ def resolve(name: str) -> ZooEntry:
     raise _unknown(name, list(ZOO), "not a zoo name or a model spec",
                    f" Known: {', '.join(sorted(ZOO))}; also torchvision:<any>, timm:<any>, "
                    "hf:path/to/config.json, path/to/model.py:callable, or pass your own "
-                   "torch.nn.Module.")
+                   "torch.nn.Module.", list_zoo=False)
 
 
 # -- inputs of a plain nn.Module ------------------------------------------------------------------

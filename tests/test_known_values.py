@@ -141,16 +141,13 @@ def test_transformers_models_reading_their_masks_predict(tmp_path, cfg):
 def test_following_values_changes_no_cost():
     # The retry mode sends every op through Python: the units, their GPU time and the memory
     # must be those of the plain trace.
-    run = dict(inputs=None, input_shape=None, batch_size=2, dtype="bf16",
-               mode="inference", optimizer="adamw", gpu="H100-SXM", loss_fn=None,
-               nonzero="error", first_step=False, warmup=False, channels_last=False)
+    run = dict(batch_size=2, dtype="bf16", gpu="H100-SXM")
     for model, seq_len in (("hf:gpt2", 32), ("torchvision:resnet18", None)):
+        traced = blink.trace_model(model, seq_len=seq_len, known_values=True, **run)
+        assert traced.meta["items_answered"] == 0  # the mode ran (nothing to answer here)
         plain = blink.predict_trace(
-            dryrun._trace_once(model, known_values=False, seq_len=seq_len, **run),
-            gpu="H100-SXM")
-        follow = blink.predict_trace(
-            dryrun._trace_once(model, known_values=True, seq_len=seq_len, **run),
-            gpu="H100-SXM")
+            blink.trace_model(model, seq_len=seq_len, known_values=False, **run), gpu="H100-SXM")
+        follow = blink.predict_trace(traced, gpu="H100-SXM")
         assert [(u.op, u.time_ms) for u in follow.units] == [(u.op, u.time_ms)
                                                              for u in plain.units]
         assert follow.gpu_busy_ms == plain.gpu_busy_ms

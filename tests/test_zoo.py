@@ -9,7 +9,6 @@ from torch.utils.flop_counter import FlopCounterMode
 import blink
 from blink.dryrun import _default_loss, prepare
 from blink.flops import trace_flops
-from blink.known_values import KnownValues
 from blink.trace import cuda_sdpa
 
 MODELS = blink.zoo.list_models()
@@ -40,8 +39,7 @@ def test_zoo_model_traces(name, mode):
 def _counter_flops(name: str, mode: str) -> int:
     p = prepare(name, mode=mode, **_kw(name))
     # .item() on all-ones masks (BART, DeBERTa) is answered as in blink's own retry
-    known = KnownValues({id(v): (v, p.known[k]) for k, v in p.kwargs.items() if k in p.known})
-    with cuda_sdpa("H200"), known, FlopCounterMode(display=False) as fc:
+    with cuda_sdpa("H200"), p.known_values_mode(), FlopCounterMode(display=False) as fc:
         if mode == "inference":
             with torch.no_grad():
                 p.net(*p.args, **p.kwargs)
