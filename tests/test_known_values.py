@@ -145,9 +145,13 @@ def test_following_values_changes_no_cost():
     for model, seq_len in (("hf:gpt2", 32), ("torchvision:resnet18", None)):
         traced = blink.trace_model(model, seq_len=seq_len, known_values=True, **run)
         assert traced.meta["items_answered"] == 0  # the mode ran (nothing to answer here)
-        plain = blink.predict_trace(
-            blink.trace_model(model, seq_len=seq_len, known_values=False, **run), gpu="H100-SXM")
+        plain_trace = blink.trace_model(model, seq_len=seq_len, known_values=False, **run)
+        plain = blink.predict_trace(plain_trace, gpu="H100-SXM")
         follow = blink.predict_trace(traced, gpu="H100-SXM")
+        # The mode's own frames (PythonDispatchMode, its func(*args) re-entering the op) are
+        # not recorded: the op tree is the plain run's.
+        assert [(o.name, o.parent, o.depth, o.module) for o in traced.ops] == [
+            (o.name, o.parent, o.depth, o.module) for o in plain_trace.ops]
         assert [(u.op, u.time_ms) for u in follow.units] == [(u.op, u.time_ms)
                                                              for u in plain.units]
         assert follow.gpu_busy_ms == plain.gpu_busy_ms

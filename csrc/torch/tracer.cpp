@@ -41,6 +41,9 @@ struct Frame {
   int32_t module;
   bool backward;
   bool muted;  // this op switched the observer off for its subtree
+  // Not recorded (see is_transparent): `op` and `module` are the enclosing recorded op's.
+  bool transparent = false;
+  bool python_mode = false;  // a "PythonDispatchMode" frame
 };
 
 struct ThreadState {
@@ -49,6 +52,7 @@ struct ThreadState {
   std::vector<Frame> stack;
   std::vector<int32_t> modules;
   int backward_depth = 0;
+  int transparent_depth = 0;  // transparent frames on `stack`
 };
 
 struct Session {
@@ -228,6 +232,26 @@ bool has_cuda_kernel(Session& s, const at::RecordFunction& fn) {
   return kernel;
 }
 
+constexpr char kPythonMode[] = "PythonDispatchMode";
+
+const char* base_name(const char* name) {
+  const char* colon = std::strrchr(name, ':');
+  return colon == nullptr ? name : colon + 1;
+}
+
+// A TorchDispatchMode (blink.known_values, or the user's own) runs between an op's dispatcher
+// entry and its kernel: torch records a "PythonDispatchMode" frame and the mode's func(*args)
+// enters the same op again. A GPU run without the mode dispatches it once, so neither is
+// recorded (their children go to the outer op): the trace, and the host gaps between its ops,
+// are those of the run without the mode. Caller holds s.mu.
+bool is_transparent(const Session& s, const ThreadState& ts, const at::RecordFunction& fn) {
+  if (std::strcmp(fn.name(), kPythonMode) == 0) return true;
+  if (ts.stack.empty() || !ts.stack.back().python_mode || ts.stack.back().op < 0) return false;
+  const OpRecord& outer = s.data.ops[static_cast<size_t>(ts.stack.back().op)];
+  return std::strcmp(base_name(s.data.names[static_cast<size_t>(outer.name)].c_str()),
+                     base_name(fn.name())) == 0;
+}
+
 int64_t since_start_ns(const Session& s) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
                                                               s.t0)
@@ -265,6 +289,14 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (is_backward_fn || ts.backward_depth > 0) phase = Phase::kBackward;
 
   std::lock_guard<std::mutex> lock(s.mu);
+  if (is_transparent(s, ts, fn)) {
+    Frame frame{parent, module, false, false};
+    frame.transparent = true;
+    frame.python_mode = std::strcmp(fn.name(), kPythonMode) == 0;
+    ts.stack.push_back(frame);
+    ++ts.transparent_depth;
+    return nullptr;
+  }
   if (is_node && fn.seqNr() >= 0) {
     // A backward node carries its forward op's sequence number: it belongs to that op's module.
     auto it = s.seq_module.find(fn.seqNr());
@@ -286,7 +318,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   rec.phase = phase;
   rec.scope = static_cast<uint8_t>(fn.scope());
   rec.thread = ts.thread;
-  rec.depth = static_cast<int32_t>(ts.stack.size());
+  rec.depth = static_cast<int32_t>(ts.stack.size()) - ts.transparent_depth;
   rec.t_start_ns = t_start;
   rec.cpu_start_ns = cpu_start;
   if (!s.timing_only) {
@@ -321,6 +353,10 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (ts.stack.empty()) return;  // entered before this trace started
   Frame frame = ts.stack.back();
   ts.stack.pop_back();
+  if (frame.transparent) {
+    --ts.transparent_depth;
+    return;
+  }
   if (frame.muted) at::reenableCallback(s.handle);
   if (frame.backward) --ts.backward_depth;
   std::lock_guard<std::mutex> lock(s.mu);
