@@ -626,8 +626,9 @@ def add_plan_parsers(subparsers: Any) -> None:
         "compare", help="compare models, GPUs and dtypes at one batch size",
         description="Predict every (model, GPU, dtype) combination; rows sorted by time.")
     p.add_argument("models", nargs="+", metavar="MODEL", help="model names (`blink models`)")
-    p.add_argument("--gpu", action="append", default=None,
-                   help="target GPU; repeat for several (default H200)")
+    p.add_argument("--gpu", action="extend", nargs="+", default=None,
+                   help="target GPUs: --gpu H200 A100-80GB, H200,A100-80GB or the flag "
+                        "repeated (default H200)")
     p.add_argument("--batch-size", "-b", type=int, default=1)
     p.add_argument("--budget", default=None, metavar="SIZE",
                    help="memory budget for the fits column (default: each GPU's memory)")
@@ -637,8 +638,8 @@ def add_plan_parsers(subparsers: Any) -> None:
 
 def _common_args(p: Any, dtype_repeat: bool = False) -> None:
     if dtype_repeat:
-        p.add_argument("--dtype", action="append", default=None,
-                       help="fp32, bf16, fp16, amp-bf16, amp-fp16; repeat for several "
+        p.add_argument("--dtype", action="extend", nargs="+", default=None,
+                       help="fp32, bf16, fp16, amp-bf16, amp-fp16; several as for --gpu "
                             "(default fp32)")
     else:
         p.add_argument("--dtype", default="fp32",
@@ -687,8 +688,14 @@ def _cmd_optimize_batch(a: Any) -> int:
     return 0
 
 
+def _names(values: list[str] | None, default: str) -> list[str]:
+    """Flag values given as separate words and/or comma-separated, blanks dropped."""
+    out = [x.strip() for v in values or [default] for x in v.split(",")]
+    return [x for x in out if x]
+
+
 def _cmd_compare(a: Any) -> int:
-    c = compare(a.models, a.gpu or ["H200"], a.dtype or ["fp32"], batch_size=a.batch_size,
+    c = compare(a.models, _names(a.gpu, "H200"), _names(a.dtype, "fp32"), batch_size=a.batch_size,
                 mode=a.mode, seq_len=a.seq_len, memory_budget=a.budget)
     _write(a, c)
     return 0

@@ -201,6 +201,12 @@ def test_cli_compare(capsys):
                  "-b", "4"]) == 0
     out = capsys.readouterr().out
     assert "H200" in out and "A100-40GB" in out and "1.00x" in out
+    # several GPUs / dtypes after one flag, as words or comma-separated: every combination
+    assert main(["compare", "torchvision:resnet18", "--gpu", "H200", "A100-40GB",
+                 "--dtype", "bf16,fp32", "-b", "4", "--json", "-"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert sorted((r["gpu"], r["dtype"]) for r in rows) == [
+        ("A100-40GB", "bf16"), ("A100-40GB", "fp32"), ("H200", "bf16"), ("H200", "fp32")]
 
 
 # ---- the allocator near the limit: release cached segments, retry, then OOM -----------------
