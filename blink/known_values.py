@@ -11,8 +11,13 @@ Blink's own token ids), carries them through views, copies, casts, element-wise 
 ``masked_fill`` and reductions, and through in-place writes (a write into part of a tensor adds
 the written values to the set of every view of that storage), and answers
 ``aten::_local_scalar_dense`` (``.item()``, ``bool()``) where the set has one value, as the GPU
-would. Anything else (values never known, a write of unknown values, a sum over several
-possible values) is not followed, and ``.item()`` on it still raises DataDependentError.
+would. Integer ``arange`` results are followed as *progressions* (element = start + step x its
+index along one dimension) through views, slices, ``cat`` and element-wise arithmetic with one
+value or with another progression along the same dimension: transformers asks whether its
+``arange`` position ids are one sequence or several packed ones (``torch.diff`` of them is all
+ones). A progression of at most MAX_VALUES elements is also a value set. Anything else
+(values never known, a write of unknown values, a sum over several possible values) is not
+followed, and ``.item()`` on it still raises DataDependentError.
 
 It is a TorchDispatchMode, so every op of the run passes through Python: blink.dryrun enters it
 only to retry a trace that failed on ``.item()``, never for traces that do not need it.
@@ -26,7 +31,7 @@ import math
 import struct
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -234,6 +239,34 @@ def _cpu_scalar(t: torch.Tensor) -> Value | None:
     return bool(value) if t.dtype == torch.bool else value
 
 
+class Prog(NamedTuple):
+    """Integer elements start + step * i, i the element's index along dimension `dim` (the same
+    along every other dimension)."""
+    start: int
+    step: int
+    dim: int
+
+
+_INT_DTYPES = (torch.int64, torch.int32)
+_PROG_LIMIT = 2 ** 31  # a progression is followed while every element stays well within int32
+_PROG_VIEWS = {aten.alias, aten.detach, aten.lift_fresh, aten.clone, aten.contiguous}
+
+
+def _prog_ok(p: Prog, t: torch.Tensor) -> bool:
+    n = t.shape[p.dim] if t.dim() else 1
+    last = p.start + p.step * max(n - 1, 0)
+    return (t.dtype in _INT_DTYPES and 0 <= p.dim < max(t.dim(), 1)
+            and abs(p.start) < _PROG_LIMIT and abs(last) < _PROG_LIMIT)
+
+
+def _norm_index(i: int | None, n: int, default: int) -> int:
+    if i is None:
+        return default
+    if i < 0:
+        i += n
+    return min(max(i, 0), n)
+
+
 class KnownValues(TorchDispatchMode):
     """Follow value sets and answer ``.item()`` where one value is left (module docstring).
 
@@ -246,6 +279,7 @@ class KnownValues(TorchDispatchMode):
         # id(tensor) -> (weak reference, value set, storage key); an entry leaves with its
         # tensor (a weakref callback), so an id is never read for another tensor.
         self._marks: dict[int, tuple[weakref.ref[torch.Tensor], Values, int]] = {}
+        self._progs: dict[int, tuple[weakref.ref[torch.Tensor], Prog, int]] = {}
         self.answered = 0
         for t, value in known:
             self.mark(t, frozenset({value}))
@@ -273,13 +307,44 @@ class KnownValues(TorchDispatchMode):
             return frozenset({v}) if v is not None else None
         entry = self._marks.get(id(t))
         if entry is None or entry[0]() is not t or _storage_key(t) != entry[2]:
-            return None  # (x.data = y swaps the storage without an op this mode sees)
+            p = self.prog(t)
+            if p is None:
+                return None  # (x.data = y swaps the storage without an op this mode sees)
+            n = t.shape[p.dim] if t.dim() else 1
+            if n == 0 or n > MAX_VALUES:
+                return None
+            return frozenset(p.start + p.step * i for i in range(n))
         return entry[1]
+
+    def mark_prog(self, t: torch.Tensor, p: Prog) -> None:
+        storage = _storage_key(t)
+        if storage is None or not _prog_ok(p, t):
+            return
+        if p.step == 0 or (t.dim() and t.shape[p.dim] == 1):
+            self.mark(t, frozenset({p.start}))  # one value
+            return
+        key = id(t)
+        progs = self._progs
+        ref = weakref.ref(t, lambda _r, key=key: progs.pop(key, None))
+        progs[key] = (ref, p, storage)
+
+    def prog(self, t: object) -> Prog | None:
+        """`t`'s progression; a tensor of one known value is a progression of step 0 along
+        its first dimension."""
+        if not isinstance(t, torch.Tensor) or t.dtype not in _INT_DTYPES:
+            return None
+        entry = self._progs.get(id(t))
+        if entry is not None and entry[0]() is t and _storage_key(t) == entry[2]:
+            return entry[1]
+        return None
 
     def _written_into(self, t: torch.Tensor, after: Values | None) -> None:
         """`t` was written in place and now holds values from `after` (None: unknown). Other
         views of its storage keep their old values or took some of `after`."""
         key = _storage_key(t)
+        for k, (_ref, _p, storage) in list(self._progs.items()):
+            if key is None or storage == key:  # a written progression is not followed
+                self._progs.pop(k, None)
         for k, (ref, vs, storage) in list(self._marks.items()):
             if key is not None and storage != key:
                 continue
@@ -300,7 +365,8 @@ class KnownValues(TorchDispatchMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         packet = func.overloadpacket
-        if packet is aten._local_scalar_dense:
+        if packet is aten._local_scalar_dense and args[0].device.type != "cpu":
+            # (a CPU tensor, such as an optimizer's step count, has its value: torch reads it)
             vs = self.values(args[0])
             if vs is not None and len(vs) == 1:
                 self.answered += 1
@@ -317,6 +383,14 @@ class KnownValues(TorchDispatchMode):
                 indices = i > 0 and packet in (aten.max, aten.min)
                 self._written_into(t, None if indices else result)
             return out
+        if isinstance(out, torch.Tensor):  # a progression keeps more than its value set
+            try:
+                p = self._prog_result(packet, args, kwargs, out)
+            except (TypeError, ValueError, ArithmeticError, IndexError):
+                p = None
+            if p is not None:
+                self.mark_prog(out, p)
+                return out
         if result is not None:
             targets = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             if packet in (aten.max, aten.min) and isinstance(out, tuple):
@@ -350,6 +424,9 @@ class KnownValues(TorchDispatchMode):
             if not sets or any(s is None for s in sets):
                 return None
             return frozenset().union(*sets)
+        if packet is aten.cumsum:  # running sums of zeros (or False) are zeros
+            vs = self.values(args[0])
+            return frozenset({0}) if vs is not None and all(v == 0 for v in vs) else None
         if packet in _REDUCTIONS:
             src = args[0] if args else None
             vs = self.values(src)
@@ -390,6 +467,136 @@ class KnownValues(TorchDispatchMode):
         if combos > MAX_VALUES * MAX_VALUES:
             return None
         return frozenset(rule(list(c)) for c in itertools.product(*sets))  # type: ignore[arg-type]
+
+    def _one(self, x: object) -> int | None:
+        """The single integer every element of `x` is (a Python int or a one-value tensor)."""
+        if isinstance(x, bool):
+            return None
+        vs = self.values(x)
+        if vs is None or len(vs) != 1:
+            return None
+        (v,) = vs
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    def _prog_result(self, packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     out: torch.Tensor) -> Prog | None:
+        """`out`'s progression, where `packet` maps progressions to one."""
+        if out.dtype not in _INT_DTYPES:
+            return None
+        if packet is aten.arange:
+            nums = [a for a in args if not isinstance(a, torch.Tensor)]
+            if kwargs.get("out") is not None or not all(
+                    isinstance(a, int) and not isinstance(a, bool) for a in nums):
+                return None
+            start = nums[0] if len(nums) >= 2 else 0
+            step = nums[2] if len(nums) >= 3 else kwargs.get("step", 1)
+            return Prog(start, step, 0) if isinstance(step, int) else None
+        src = args[0] if args else None
+        p = self.prog(src)
+        if packet in _PROG_VIEWS or (packet is aten._to_copy and not kwargs.get("memory_format")):
+            return p if p is not None and isinstance(src, torch.Tensor) else None
+        if packet is aten.unsqueeze and p is not None:
+            d = args[1] if args[1] >= 0 else args[1] + src.dim() + 1
+            return p._replace(dim=p.dim + (1 if d <= p.dim else 0))
+        if packet is aten.expand and p is not None:
+            shift = out.dim() - src.dim()
+            return p._replace(dim=p.dim + shift) if src.shape[p.dim] == out.shape[
+                p.dim + shift] else None
+        if packet in (aten.slice, aten.narrow) and p is not None:
+            d = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            d = d + src.dim() if d < 0 else d
+            n = src.shape[d]
+            if packet is aten.narrow:
+                begin, step = _norm_index(args[2], n, 0), 1
+            else:
+                begin = _norm_index(args[2] if len(args) > 2 else kwargs.get("start"), n, 0)
+                step = args[4] if len(args) > 4 else kwargs.get("step", 1)
+            if d != p.dim:
+                return p
+            return Prog(p.start + p.step * begin, p.step * step, p.dim)
+        if packet is aten.select and p is not None:
+            d = args[1] + src.dim() if args[1] < 0 else args[1]
+            i = args[2] + src.shape[d] if args[2] < 0 else args[2]
+            if d == p.dim:
+                return Prog(p.start + p.step * i, 0, 0)
+            return p._replace(dim=p.dim - (1 if d < p.dim else 0))
+        if packet is aten.cat:
+            return self._prog_cat(args, kwargs, out)
+        if packet in (aten.amax, aten.amin, aten.max, aten.min) and p is not None and len(
+                args) == 1 and not kwargs and src.numel() > 0:
+            last = p.start + p.step * (src.shape[p.dim] - 1)
+            high = packet in (aten.amax, aten.max)
+            return Prog(max(p.start, last) if high else min(p.start, last), 0, 0)
+        if packet in (aten.add, aten.sub, aten.mul, aten.rsub) and len(args) == 2 and not (
+                kwargs):
+            return self._prog_arith(packet, args[0], args[1], out)
+        return None
+
+    def _prog_of(self, x: object, out: torch.Tensor) -> Prog | None:
+        """`x` as a progression aligned with `out`'s dimensions (broadcast from the right)."""
+        if isinstance(x, torch.Tensor):
+            p = self.prog(x)
+            if p is not None:
+                return p._replace(dim=p.dim + out.dim() - x.dim())
+        v = self._one(x)
+        return None if v is None else Prog(v, 0, -1)  # one value: any dimension
+
+    def _prog_arith(self, packet: Any, a: object, b: object, out: torch.Tensor) -> Prog | None:
+        pa, pb = self._prog_of(a, out), self._prog_of(b, out)
+        if pa is None or pb is None or (pa.step == 0 and pb.step == 0):
+            return None  # two single values: the value-set rules did it
+        if pa.dim >= 0 and pb.dim >= 0 and pa.dim != pb.dim:
+            return None
+        if pa.dim >= 0 and pb.dim >= 0 and (not isinstance(a, torch.Tensor) or not isinstance(
+                b, torch.Tensor) or a.shape[pa.dim - out.dim() + a.dim()] != b.shape[
+                    pb.dim - out.dim() + b.dim()]):
+            return None
+        dim = max(pa.dim, pb.dim)
+        if packet is aten.rsub:
+            pa, pb = pb, pa
+            packet = aten.sub
+        if packet is aten.add:
+            return Prog(pa.start + pb.start, pa.step + pb.step, dim)
+        if packet is aten.sub:
+            return Prog(pa.start - pb.start, pa.step - pb.step, dim)
+        if pa.step and pb.step:
+            return None  # a product of two progressions is not one
+        c, p = (pa.start, pb) if pa.step == 0 else (pb.start, pa)
+        return Prog(p.start * c, p.step * c, dim)
+
+    def _prog_cat(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  out: torch.Tensor) -> Prog | None:
+        """Pieces that continue one progression along the cat dimension."""
+        tensors = args[0] if args else kwargs.get("tensors", [])
+        d = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        d = d + out.dim() if d < 0 else d
+        pieces = [t for t in tensors if isinstance(t, torch.Tensor) and t.numel() > 0]
+        if not pieces or any(t.dim() != out.dim() for t in pieces):
+            return None
+        step: int | None = None
+        for t in pieces:
+            p = self.prog(t)
+            if p is not None and t.shape[d] > 1:
+                if p.dim != d or (step is not None and p.step != step):
+                    return None
+                step = p.step
+        if step is None:
+            return None
+        start: int | None = None
+        at = 0
+        for t in pieces:
+            p = self.prog(t)
+            first = p.start if p is not None else self._one(t)
+            if first is None or (p is not None and t.shape[d] > 1 and p.dim != d):
+                return None
+            if t.shape[d] > 1 and p is None:
+                return None  # one value repeated along the cat dimension: not a progression
+            if start is None:
+                start = first - step * at
+            elif first != start + step * at:
+                return None
+            at += t.shape[d]
+        return Prog(start, step, d) if start is not None else None
 
     @staticmethod
     def _reduction(packet: Any, src: torch.Tensor, vs: Values, args: tuple[Any, ...],

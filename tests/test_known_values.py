@@ -58,8 +58,29 @@ def _window_mask(make: Callable[..., torch.Tensor]) -> object:
     return (extended > 0).flatten().any().item()
 
 
+def _unpacked_positions(make: Callable[..., torch.Tensor]) -> object:
+    # transformers' find_packed_sequence_indices on arange position ids (a training step with
+    # no attention mask and no cache: gradient checkpointing): one sequence per row -> None
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    device = make(1, dtype=torch.long).device
+    pos = torch.arange(0, 300, device=device).unsqueeze(0).expand(4, -1)
+    return find_packed_sequence_indices(pos) is None
+
+
+def _position_arithmetic(make: Callable[..., torch.Tensor]) -> object:
+    device = make(1, dtype=torch.long).device
+    a = torch.arange(5, 805, 2, device=device)
+    b = torch.arange(0, 400, device=device) * 2 + 5  # the same progression, made another way
+    joined = torch.cat([a[:3], a[3:]])
+    return ((a - b == 0).all().item(), (joined[1::3] - a[1::3]).eq(0).all().item(),
+            a[-1].item(), a[10:20].amax().item(), (a[:4] > 4).all().item(), a.min().item(),
+            int(torch.diff(a).max()), (a.unsqueeze(1) - 5)[7, 0].item())
+
+
 @pytest.mark.parametrize("fn", [_padding_free, _pad_in_ids, _reductions, _where_and_fill,
-                                _shifted_ids, _window_mask])
+                                _shifted_ids, _window_mask, _unpacked_positions,
+                                _position_arithmetic])
 def test_meta_answers_match_cpu(fn):
     def cpu(*shape, dtype):
         return torch.ones(*shape, dtype=dtype)
@@ -193,6 +214,12 @@ def _swapped_data(d: str) -> object:
     return x.item()
 
 
+def _written_arange(d: str) -> object:
+    pos = torch.arange(40, device=d).unsqueeze(0)
+    pos[0, 3] = 70  # a write into the progression's storage
+    return (pos[0, 2:] - pos[0, :-2] == 2).all().item()
+
+
 # Where torch rounds, overflows, wraps or reinterprets, Python's arithmetic would answer
 # differently: such values must stay unknown (an unanswered .item() is safe, a wrong one
 # silently changes the traced program).
@@ -217,6 +244,18 @@ _TORCH_SEMANTICS = {
     "max out= indices": _max_out_indices,
     "as_strided": _outside_view,
     "x.data =": _swapped_data,
+    # progressions (arange): only integer ones, only while no write touches them
+    "packed positions": lambda d: bool((torch.diff(torch.cat(
+        [torch.arange(10, device=d), torch.arange(20, device=d)])) == 1).all()),
+    "written arange": _written_arange,
+    "float arange": lambda d: bool((torch.arange(0.0, 3.0, 0.1, device=d)[1:] > 0).all()),
+    "int32 arange wraps": lambda d: bool((torch.arange(
+        2**31 - 40, 2**31 - 1, dtype=torch.int32, device=d) + 30 > 0).all()),
+    "arange product": lambda d: (torch.arange(40, device=d) * torch.arange(40, device=d))[
+        39].item(),
+    "arange floor divide": lambda d: (torch.arange(40, device=d) // 3)[39].item(),
+    "arange view": lambda d: torch.arange(40, device=d).view(8, 5)[1, 0].item(),
+    "arange repeated": lambda d: bool((torch.arange(40, device=d).repeat(2) < 40).all()),
 }
 
 
