@@ -26,6 +26,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", action="store_true",
                    help="run the model channels-last (NHWC), as "
                         "model.to(memory_format=torch.channels_last) with 4-D inputs converted")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="train with the model's own activation checkpointing on "
+                        "(transformers' gradient_checkpointing_enable, timm's "
+                        "set_grad_checkpointing)")
     p.add_argument("--json", action="store_true",
                    help="print JSON instead of the table (with --out: only to the file)")
     p.add_argument("--out", "-o", metavar="PATH", default=None,
@@ -79,7 +83,8 @@ def _run_kwargs(a: argparse.Namespace) -> dict:
     inputs = _inputs(a)
     return {"inputs": inputs, "batch_size": None if inputs is not None else a.batch_size,
             "seq_len": a.seq_len, "dtype": a.dtype, "mode": a.mode, "optimizer": a.optimizer,
-            "gpu": a.gpu, "channels_last": a.channels_last}
+            "gpu": a.gpu, "channels_last": a.channels_last,
+            "grad_checkpointing": a.grad_checkpointing}
 
 
 def _cmd_trace(a: argparse.Namespace) -> int:

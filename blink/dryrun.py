@@ -113,6 +113,33 @@ def _to_meta(value: object, where: str, cast: torch.dtype | None = None) -> obje
                       "or tuples / lists / dicts of tensors")
 
 
+def _grad_checkpointing(net: torch.nn.Module, label: str) -> str:
+    """Switch on the library's own activation checkpointing on Blink's meta copy, as a user
+    does before training: transformers' `activation_checkpointing_enable` /
+    `gradient_checkpointing_enable` (non-reentrant torch.utils.checkpoint around each layer)
+    or timm's `set_grad_checkpointing`. Backward then recomputes each checkpointed block's
+    forward: more time, fewer saved activations. Returns which switch was used."""
+    switches = (("activation_checkpointing_enable",  # transformers 5 (the old name warns)
+                 {"activation_checkpointing_kwargs": {"use_reentrant": False}}),
+                ("gradient_checkpointing_enable",
+                 {"gradient_checkpointing_kwargs": {"use_reentrant": False}}),
+                ("set_grad_checkpointing", {"enable": True}))
+    for name, kwargs in switches:
+        fn = getattr(net, name, None)
+        if callable(fn):
+            try:
+                fn(**kwargs)
+            except (ValueError, NotImplementedError, AssertionError, TypeError) as exc:
+                raise ConfigError(f"{label} does not support gradient checkpointing ({name}: "
+                                  f"{exc}); drop grad_checkpointing") from None
+            return name
+    raise ConfigError(
+        f"{label} has no gradient-checkpointing switch (transformers' "
+        f"gradient_checkpointing_enable or timm's set_grad_checkpointing); wrap its blocks in "
+        f"torch.utils.checkpoint.checkpoint(..., use_reentrant=False) in your own model and "
+        f"predict that instead")
+
+
 def _channels_last(net: torch.nn.Module, args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The run as `model.to(memory_format=torch.channels_last)` with its 4-D floating inputs
@@ -237,12 +264,18 @@ def prepare(
     mode: str = "inference",
     optimizer: str = "adamw",
     channels_last: bool = False,
+    grad_checkpointing: bool = False,
 ) -> Prepared:
     """Validate the arguments and build the meta model copy and inputs (see trace_model)."""
-    if not isinstance(channels_last, bool):
-        raise ConfigError(f"channels_last must be True or False, not {channels_last!r}")
+    for flag, value in (("channels_last", channels_last),
+                        ("grad_checkpointing", grad_checkpointing)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{flag} must be True or False, not {value!r}")
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; choose 'inference' or 'train'")
+    if grad_checkpointing and mode != "train":
+        raise ConfigError("grad_checkpointing changes only a training step (backward recomputes "
+                          "the forward); use mode='train' or drop it")
     if not isinstance(optimizer, str) or optimizer.lower() not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
     optimizer = optimizer.lower()
@@ -314,6 +347,8 @@ def prepare(
         net = net.to(param_dtype)
     if channels_last:
         args, kwargs = _channels_last(net, args, kwargs)
+    if grad_checkpointing:
+        _grad_checkpointing(net, zoo_name or type(model).__name__)
     from .cuda_paths import flatten_rnn_weights
 
     flatten_rnn_weights(net)  # as RNNBase.flatten_parameters does on .cuda()
@@ -332,6 +367,7 @@ def prepare(
         "dtype": dtype_key, "batch_size": batch_size, "seq_len": seq_len, "params": int(params),
         "optimizer": optimizer if mode == "train" else None,
         "channels_last": channels_last,
+        "grad_checkpointing": grad_checkpointing,
         "torch_version": torch.__version__,
         # The tensor inputs' shapes (the model-level correction reads an image input's side).
         "input_shapes": [list(v.shape) for v in (*args, *kwargs.values())
@@ -383,6 +419,7 @@ def trace_model(
     first_step: bool = False,
     warmup: bool = False,
     channels_last: bool = False,
+    grad_checkpointing: bool = False,
     known_values: bool | None = None,
 ) -> Trace:
     """Dry-run an inference forward or one whole training step and return its Trace.
@@ -404,13 +441,18 @@ def trace_model(
     channels_last=True runs the model as `model.to(memory_format=torch.channels_last)` with its
     4-D inputs channels-last (NHWC); a ConfigError when no input is 4-D.
 
+    grad_checkpointing=True (mode="train") switches on the model's own activation
+    checkpointing first, as transformers' `gradient_checkpointing_enable()` (non-reentrant) or
+    timm's `set_grad_checkpointing()` do; a ConfigError for a model with neither.
+
     known_values: whether to follow tensors of known values and answer .item() on them
     (blink.known_values); None (default) does so only to retry a trace that failed on .item(),
     as that mode sends every op through Python.
     """
     run = dict(input_shape=input_shape, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
                mode=mode, optimizer=optimizer, gpu=gpu, loss_fn=loss_fn, nonzero=nonzero,
-               first_step=first_step, warmup=warmup, channels_last=channels_last)
+               first_step=first_step, warmup=warmup, channels_last=channels_last,
+               grad_checkpointing=grad_checkpointing)
     if known_values is not None:
         return _trace_once(model, inputs, known_values, **run)
     try:

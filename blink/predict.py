@@ -130,6 +130,7 @@ class Prediction:
     memory_curve: list[dict[str, Any]] = field(default_factory=list, repr=False)
     compiled: bool = False  # costed as torch.compile (Inductor) would run it, see blink.compile
     channels_last: bool = False  # the model and its 4-D inputs ran channels-last (NHWC)
+    grad_checkpointing: bool = False  # the model's own activation checkpointing was on
 
     # -- breakdowns ------------------------------------------------------------------------
     @property
@@ -228,6 +229,7 @@ class Prediction:
         batch = "?" if self.batch_size is None else self.batch_size
         mode = f"{self.mode}, compiled" if self.compiled else self.mode
         mode += ", channels-last" if self.channels_last else ""
+        mode += ", grad checkpointing" if self.grad_checkpointing else ""
         head = [
             f"blink predict: {self.model} on {self.gpu} ({mode}, {self.dtype}, "
             f"batch {batch}{'' if self.seq_len is None else f', seq {self.seq_len}'})",
@@ -789,6 +791,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         memory_by_category={k: by_cat.get(k, 0) for k in MEMORY_CATEGORIES},
         memory_curve=_memory_curve(mem["curve"], timeline), compiled=compiled,
         channels_last=bool(t.meta.get("channels_last", False)), predictor=used_predictor,
+        grad_checkpointing=bool(t.meta.get("grad_checkpointing", False)),
     )
 
 
@@ -812,6 +815,7 @@ def predict(
     compiled: bool = False,
     predictor: str = "auto",
     channels_last: bool = False,
+    grad_checkpointing: bool = False,
 ) -> Prediction:
     """Predict time and memory of `model` on `gpu` without running it there.
 
@@ -827,6 +831,9 @@ def predict(
     "analytic" forces the analytic model (see predict_trace).
     channels_last=True predicts the model run channels-last (NHWC: model and 4-D inputs
     converted with memory_format=torch.channels_last).
+    grad_checkpointing=True predicts a training step with the model's own activation
+    checkpointing switched on (transformers' gradient_checkpointing_enable, timm's
+    set_grad_checkpointing; on Blink's copy, never on `model`).
     """
     if predictor not in PREDICTORS:
         raise ConfigError(f"predictor {predictor!r} is not one of {', '.join(PREDICTORS)}")
@@ -838,7 +845,8 @@ def predict(
     t = trace_model(model, inputs, input_shape=input_shape, batch_size=batch_size,
                     seq_len=seq_len, dtype=dtype, mode=mode, optimizer=optimizer,
                     gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step,
-                    warmup=host_time != "table", channels_last=channels_last)
+                    warmup=host_time != "table", channels_last=channels_last,
+                    grad_checkpointing=grad_checkpointing)
     return predict_trace(t, spec.name, expandable_segments=expandable_segments,
                          host_time=host_time, memory_budget=memory_budget, compiled=compiled,
                          predictor=predictor)

@@ -146,6 +146,14 @@ def test_a_transformers_config_typed_into_the_page_is_predicted(page):
     _wait(driver, "document.getElementById('predict-summary').textContent.includes('config:gpt2')")
     assert driver.execute_script(
         "return document.querySelectorAll('#op-chart rect.bar').length") >= 5
+    # the same config trained with its own activation checkpointing
+    _set(driver, "p-mode", "train")
+    driver.find_element("id", "p-ckpt").click()
+    driver.find_element("id", "predict-run").click()
+    _wait(driver, "document.getElementById('predict-summary').textContent"
+                  ".includes('train, grad checkpointing')")
+    driver.find_element("id", "p-ckpt").click()
+    _set(driver, "p-mode", "inference")
     # a broken config is an error on the page, not a stale chart
     _set(driver, "p-config", '{"model_type": "gpt2", "n_layer": 100000}')
     driver.find_element("id", "predict-run").click()

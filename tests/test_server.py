@@ -84,6 +84,17 @@ def test_predict_a_transformers_config_sent_as_json(server):
     with torch.device("meta"):
         n = sum(q.numel() for q in transformers.AutoModelForCausalLM.from_config(c).parameters())
     assert d["resident_bytes"] >= n * 2
+    # the same step with the model's own activation checkpointing: backward recomputes
+    status, _, body = post(server, "/predict", {"model": cfg, "batch_size": 2, "seq_len": 64,
+                                                "mode": "train", "dtype": "bf16",
+                                                "grad_checkpointing": True})
+    assert status == 200, body
+    ckpt = _json(body)
+    assert ckpt["grad_checkpointing"] is True and not d["grad_checkpointing"]
+    assert ckpt["gpu_busy_ms"] > d["gpu_busy_ms"]
+    status, _, body = post(server, "/predict", {"model": "torchvision:resnet18", "batch_size": 2,
+                                                "grad_checkpointing": True})
+    assert status == 422 and b"mode='train'" in body
 
 
 @pytest.mark.parametrize("task,cfg,extra", [

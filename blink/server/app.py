@@ -306,18 +306,21 @@ def create_app(limits: Limits | None = None, *, history_path: str | None = None,
 
     def predict_one(target: Any, task: str, *, batch_size: int, seq_len: int | None,
                     dtype: str, mode: str, gpu: str, budget: int | None, optimizer: str,
-                    input_shape: list[int] | None, expandable: bool = False) -> Any:
+                    input_shape: list[int] | None, expandable: bool = False,
+                    grad_checkpointing: bool = False) -> Any:
         model, extra, label = resolve(target, task, input_shape)
         if not isinstance(model, str):
             inputs = config_inputs(model, batch_size, seq_len, DTYPES[dtype][0], mode == "train")
             p = predict(model.module, inputs, dtype=dtype, mode=mode, gpu=gpu,
                         memory_budget=budget, optimizer=optimizer,
-                        expandable_segments=expandable, host_time=HOST_TIME)
+                        expandable_segments=expandable, host_time=HOST_TIME,
+                        grad_checkpointing=grad_checkpointing)
             p.model, p.batch_size, p.seq_len = label, batch_size, seq_len
             return p
         return predict(model, batch_size=batch_size, seq_len=seq_len, dtype=dtype, mode=mode,
                        gpu=gpu, memory_budget=budget, optimizer=optimizer,
-                       expandable_segments=expandable, host_time=HOST_TIME, **extra)
+                       expandable_segments=expandable, host_time=HOST_TIME,
+                       grad_checkpointing=grad_checkpointing, **extra)
 
     def guarded(fn: Callable[[], bytes]) -> Callable[[], bytes]:
         def run() -> bytes:
@@ -371,13 +374,15 @@ def create_app(limits: Limits | None = None, *, history_path: str | None = None,
         check_input_shape(req.input_shape)
         key.update(gpu=gpu, dtype=dtype, batch_size=req.batch_size, seq_len=req.seq_len,
                    mode=req.mode, optimizer=req.optimizer, memory_budget=budget,
-                   input_shape=req.input_shape, expandable_segments=req.expandable_segments)
+                   input_shape=req.input_shape, expandable_segments=req.expandable_segments,
+                   grad_checkpointing=req.grad_checkpointing)
 
         def work() -> bytes:
             p = predict_one(target, req.task, batch_size=req.batch_size, seq_len=req.seq_len,
                             dtype=dtype, mode=req.mode, gpu=gpu, budget=budget,
                             optimizer=req.optimizer, input_shape=req.input_shape,
-                            expandable=req.expandable_segments)
+                            expandable=req.expandable_segments,
+                            grad_checkpointing=req.grad_checkpointing)
             history.add(p)
             return p.to_json().encode()
 
@@ -395,7 +400,7 @@ def create_app(limits: Limits | None = None, *, history_path: str | None = None,
         key.update(gpu=gpu, dtype=dtype, seq_len=req.seq_len, mode=req.mode,
                    optimizer=req.optimizer, memory_budget=budget, input_shape=req.input_shape,
                    batch_sizes=req.batch_sizes, max_batch=req.max_batch,
-                   safety_margin=req.safety_margin)
+                   safety_margin=req.safety_margin, grad_checkpointing=req.grad_checkpointing)
         deadline = lim.max_wall_s
 
         def work() -> bytes:
@@ -407,7 +412,8 @@ def create_app(limits: Limits | None = None, *, history_path: str | None = None,
                                memory_budget=budget, mode=req.mode, dtype=dtype,
                                seq_len=req.seq_len, safety_margin=req.safety_margin,
                                max_batch=req.max_batch, time_limit_s=deadline,
-                               optimizer=req.optimizer, host_time=HOST_TIME, **extra)
+                               optimizer=req.optimizer, host_time=HOST_TIME,
+                               grad_checkpointing=req.grad_checkpointing, **extra)
             return _dumps(s.to_dict())
 
         return await answer("optimize-batch", key, work)
@@ -430,14 +436,15 @@ def create_app(limits: Limits | None = None, *, history_path: str | None = None,
                                    f"limit is {lim.max_compare_cells}", "ConfigError")
         budget = budget_bytes(req.memory_budget)
         key = {"models": names, "gpus": gpus, "dtypes": dtypes, "batch_size": req.batch_size,
-               "seq_len": req.seq_len, "mode": req.mode, "memory_budget": budget}
+               "seq_len": req.seq_len, "mode": req.mode, "memory_budget": budget,
+               "grad_checkpointing": req.grad_checkpointing}
 
         def work() -> bytes:
             for n in names:
                 check_params(name_params(n), n)
             c = compare(names, gpus, dtypes, batch_size=req.batch_size, mode=req.mode,
                         seq_len=req.seq_len, memory_budget=budget, time_limit_s=lim.max_wall_s,
-                        host_time=HOST_TIME)
+                        host_time=HOST_TIME, grad_checkpointing=req.grad_checkpointing)
             return _dumps(c.to_dict())
 
         return await answer("compare", key, work)

@@ -52,6 +52,9 @@ class Schemas:
             mode: Mode = "inference"
             optimizer: Literal["adamw", "adam", "sgd", "none"] = "adamw"
             memory_budget: Budget | None = None
+            grad_checkpointing: bool = Field(
+                False, description="train with the model's own activation checkpointing on "
+                                   "(mode train only)")
 
         class PredictRequest(Common):
             batch_size: Batch
@@ -74,6 +77,7 @@ class Schemas:
             seq_len: SeqLen | None = None
             mode: Mode = "inference"
             memory_budget: Budget | None = None
+            grad_checkpointing: bool = False
 
         self.PredictRequest = PredictRequest
         self.OptimizeBatchRequest = OptimizeBatchRequest

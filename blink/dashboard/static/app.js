@@ -199,6 +199,7 @@ async function runPredict() {
   };
   const seq = optInt("p-seq");
   if (seq !== null) body.seq_len = seq;
+  if ($("p-ckpt").checked) body.grad_checkpointing = true;
   if ($("p-use-config").checked) {
     try { body.model = JSON.parse($("p-config").value); } catch (e) {
       setStatus("predict-status", `the config is not valid JSON: ${e.message}`, true); return;
@@ -216,7 +217,7 @@ async function runPredict() {
     clear(s);
     s.appendChild(el("b", {}, `${fmtNum(p.time_ms)} ms`));
     s.appendChild(document.createTextNode(
-      ` [${fmtNum(p.lower_ms)} .. ${fmtNum(p.upper_ms)}] for ${p.model} on ${p.gpu} (${p.mode}, ${p.dtype}, batch ${p.batch_size}` +
+      ` [${fmtNum(p.lower_ms)} .. ${fmtNum(p.upper_ms)}] for ${p.model} on ${p.gpu} (${p.mode}${p.grad_checkpointing ? ", grad checkpointing" : ""}, ${p.dtype}, batch ${p.batch_size}` +
       `${p.seq_len ? ", seq " + p.seq_len : ""}); peak reserved ${fmtBytes(p.peak_reserved_bytes)}, ` +
       `nvidia-smi ~${fmtBytes(p.nvidia_smi_bytes)} of ${fmtBytes(p.memory_budget_bytes || p.gpu_memory_bytes)} `));
     s.appendChild(el("span", { class: p.fits ? "fits-yes" : "fits-no" }, p.fits ? "fits" : "does not fit"));
@@ -241,6 +242,7 @@ async function runPlan() {
     mode: $("b-mode").value, max_batch: optInt("b-max") };
   const seq = optInt("b-seq");
   if (seq !== null) body.seq_len = seq;
+  if ($("b-ckpt").checked) body.grad_checkpointing = true;
   const budget = $("b-budget").value.trim();
   if (budget) body.memory_budget = /^[0-9]+$/.test(budget) ? parseInt(budget, 10) : budget;
   setStatus("plan-status", "searching for the largest batch that fits…");
