@@ -113,7 +113,7 @@ def _to_meta(value: object, where: str, cast: torch.dtype | None = None) -> obje
                       "or tuples / lists / dicts of tensors")
 
 
-def _grad_checkpointing(net: torch.nn.Module, label: str) -> str:
+def enable_grad_checkpointing(net: torch.nn.Module, label: str) -> str:
     """Switch on the library's own activation checkpointing on Blink's meta copy, as a user
     does before training: transformers' `activation_checkpointing_enable` /
     `gradient_checkpointing_enable` (non-reentrant torch.utils.checkpoint around each layer)
@@ -348,7 +348,7 @@ def prepare(
     if channels_last:
         args, kwargs = _channels_last(net, args, kwargs)
     if grad_checkpointing:
-        _grad_checkpointing(net, zoo_name or type(model).__name__)
+        enable_grad_checkpointing(net, zoo_name or type(model).__name__)
     from .cuda_paths import flatten_rnn_weights
 
     flatten_rnn_weights(net)  # as RNNBase.flatten_parameters does on .cuda()

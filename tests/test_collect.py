@@ -308,6 +308,28 @@ def test_h200_preset_measures_autocast_group_norm():
     assert len(casts) >= 12  # every norm after a convolution upcasts its fp16 output
 
 
+def test_h200_preset_measures_transformers_grad_checkpointing():
+    # The GPU preset times GPT-2 / BERT training with transformers' own activation
+    # checkpointing; the dry run and the real (here CPU) run both switch it on.
+    from blink.collect.presets import ModelRun
+    from blink.collect.protocol import ModelWorkload, Protocol
+
+    h200 = get_preset("h200").configs()
+    assert ModelRun("hf:gpt2", 8, 512, "bf16", "train", grad_checkpointing=True) in h200
+    cfg = ModelRun("hf:gpt2", 2, 32, "bf16", "train", grad_checkpointing=True)
+    assert run_id(cfg) != run_id(ModelRun("hf:gpt2", 2, 32, "bf16", "train"))
+    w = ModelWorkload(cfg, Protocol())
+    t = w.dry_run("H200")
+    recomputed = [o for o in t.ops if o.kernel and o.phase == "backward"
+                  and o.name == "aten::addmm"]
+    assert len(recomputed) == 12 * 4  # GPT-2's four Conv1D projections per layer, again
+    call = w.materialize(torch.device("cpu"), seed=0)
+    call()
+    assert any(getattr(m, "gradient_checkpointing", False) for m in w._real.net.modules())
+    assert w.row_fields()["grad_checkpointing"] is True
+    w.release()
+
+
 def test_shape_keys_agree():
     raw = [(1, ((8, 3), (3, 1), 0, 1, 96, 6, 14, False)), (4, 2),
            (2, [((4,), (1,), 0, 2, 16, 6, 14, False), None]), (8, [1, 2])]

@@ -383,6 +383,32 @@ def test_schemathesis_finds_no_server_error(server, mode):
 
 # ---- the history file -----------------------------------------------------------------------
 
+def test_history_joins_measured_runs_with_their_own_checkpointing(tmp_path):
+    # A training step with activation checkpointing is another configuration than the same
+    # step without it: each prediction joins the measured run of its own kind only.
+    from blink.collect.dataset import DatasetWriter
+    from blink.server.history import History
+
+    path = str(tmp_path / "measured")
+    w = DatasetWriter(path, preset="smoke", device="cuda", protocol={"samples": 1},
+                      env={"gpu_name": "NVIDIA H100"}, env_id="e0", feature_columns=[],
+                      planned=2)
+    for i, ckpt in enumerate((False, True)):
+        w.append({"run_id": f"r{i}", "kind": "model", "status": "ok",
+                  "model": "timm:vit_tiny_patch16_224", "batch_size": 2, "seq_len": None,
+                  "dtype": "bf16", "mode": "train", "grad_checkpointing": ckpt,
+                  "device": "cuda", "feature_gpu": "H100-SXM", "time_median_s": 0.01 + i,
+                  "env_id": "e0"}, [])
+    w.finish("complete")
+    h = History(4, "", [path])
+    for ckpt in (False, True):
+        h.add(blink.predict("timm:vit_tiny_patch16_224", batch_size=2, mode="train",
+                            dtype="bf16", gpu="H100-SXM", grad_checkpointing=ckpt))
+    newest, oldest = h.entries()
+    assert newest["mode"] == "train+grad_checkpointing" and oldest["mode"] == "train"
+    assert newest["measured"]["run_id"] == "r1" and oldest["measured"]["run_id"] == "r0"
+
+
 def test_history_persists_and_survives_a_damaged_file(tmp_path):
     from blink.server.history import History
 

@@ -36,17 +36,22 @@ class ModelRun:
     dtype: str = "fp32"  # fp32 | bf16 (parameters and inputs)
     mode: str = "inference"  # inference | train
     optimizer: str = "adamw"
+    grad_checkpointing: bool = False  # the model's own activation checkpointing (train)
 
     kind = "model"
 
     def fields(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": self.model, "batch_size": self.batch_size,
-                "seq_len": self.seq_len, "dtype": self.dtype, "mode": self.mode,
-                "optimizer": self.optimizer if self.mode == "train" else None}
+        out = {"kind": self.kind, "model": self.model, "batch_size": self.batch_size,
+               "seq_len": self.seq_len, "dtype": self.dtype, "mode": self.mode,
+               "optimizer": self.optimizer if self.mode == "train" else None}
+        if self.grad_checkpointing:  # (absent otherwise: earlier runs keep their ids)
+            out["grad_checkpointing"] = True
+        return out
 
     def describe(self) -> str:
         seq = f" s={self.seq_len}" if self.seq_len else ""
-        return f"{self.model} b={self.batch_size}{seq} {self.dtype} {self.mode}"
+        ckpt = " ckpt" if self.grad_checkpointing else ""
+        return f"{self.model} b={self.batch_size}{seq} {self.dtype} {self.mode}{ckpt}"
 
 
 @dataclass(frozen=True)
@@ -217,7 +222,10 @@ def _h200() -> Preset:
               # benchmarks/timm_group_norm.py).
               + _models(["builtin:gnnet", "builtin:convnet"], [64, 256], ["amp-fp16"],
                         ["inference"])
-              + _models(["builtin:gnnet"], [64], ["amp-fp16"], ["train"]))
+              + _models(["builtin:gnnet"], [64], ["amp-fp16"], ["train"])
+              # transformers' own activation checkpointing: backward re-runs each layer
+              + [ModelRun(m, 8, 512, "bf16", "train", grad_checkpointing=True)
+                 for m in ("hf:gpt2", "hf:bert-base")])
     fams = {f: 12 for f in _ops_module().FAMILIES}
     fams.update({"mm": 40, "linear": 24, "conv2d": 24, "sdpa": 24, "bmm": 16})
     fams.update({f: 8 for f in ("add", "mul", "gelu", "relu", "sum", "mean")})

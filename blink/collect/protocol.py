@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from .. import cuda_paths
-from ..dryrun import DTYPES, Prepared, execute, make_optimizer, prepare
-from ..errors import BlinkError
+from ..dryrun import DTYPES, Prepared, enable_grad_checkpointing, execute, make_optimizer, prepare
+from ..errors import BlinkError, DataDependentError
 from ..trace import PHASES, Trace, trace
 from . import models as builtin
 from .cupti import UNIT_BY_RULE, OpTiming, TraceSummary
@@ -139,14 +139,31 @@ class ModelWorkload(Workload):
             specs = builtin.input_specs(c.model, c.batch_size, c.seq_len, dt,
                                         with_labels=c.mode == "train")
             inputs = {k: torch.empty(s, dtype=d, device="meta") for k, (s, d, _) in specs.items()}
-            p = prepare(net, inputs, dtype=c.dtype, mode=c.mode, optimizer=c.optimizer)
+            p = prepare(net, inputs, dtype=c.dtype, mode=c.mode, optimizer=c.optimizer,
+                        grad_checkpointing=c.grad_checkpointing)
             p.meta.update({"model": c.model, "family": b.family, "batch_size": c.batch_size,
                            "seq_len": c.seq_len})
             return p
         return prepare(c.model, batch_size=c.batch_size, seq_len=c.seq_len, dtype=c.dtype,
-                       mode=c.mode, optimizer=c.optimizer)
+                       mode=c.mode, optimizer=c.optimizer,
+                       grad_checkpointing=c.grad_checkpointing)
 
     def dry_run(self, gpu: str) -> Trace:
+        try:
+            return self._dry_run(gpu)
+        except DataDependentError as exc:
+            if exc.op not in ("aten::_local_scalar_dense", "aten::item"):
+                raise
+        except RuntimeError as exc:  # the untraced steady-state step: torch's own error
+            if "item() cannot be called on meta" not in str(exc):
+                raise
+        # As blink.trace_model: retry following known values (blink.known_values) to answer
+        # the model's .item() calls on tensors made from constants.
+        self.meta = self._prepare_meta()
+        self.meta.known_values = True
+        return self._dry_run(gpu)
+
+    def _dry_run(self, gpu: str) -> Trace:
         p = self.meta
         opt = make_optimizer(p)
         if opt is not None:
@@ -181,6 +198,8 @@ class ModelWorkload(Workload):
         param_dtype = DTYPES[c.dtype][0]
         if param_dtype != torch.float32:
             net = net.to(param_dtype)
+        if c.grad_checkpointing:
+            enable_grad_checkpointing(net, c.model)
         net.train(c.mode == "train")
         if c.mode == "inference":
             for q in net.parameters():
@@ -211,7 +230,8 @@ class ModelWorkload(Workload):
         c = self.cfg
         return {"model": c.model, "family": self.meta.meta.get("family"),
                 "batch_size": c.batch_size, "seq_len": c.seq_len, "dtype": c.dtype,
-                "mode": c.mode, "optimizer": c.optimizer if c.mode == "train" else None}
+                "mode": c.mode, "optimizer": c.optimizer if c.mode == "train" else None,
+                "grad_checkpointing": c.grad_checkpointing}
 
 
 class OpWorkload(Workload):

@@ -18,6 +18,11 @@ def default_history_path() -> str:
     return os.path.join(base, "blink", "history.json")
 
 
+def _mode(mode: Any, grad_checkpointing: Any) -> Any:
+    """A run's mode, marked when its activation checkpointing was on (another configuration)."""
+    return f"{mode}+grad_checkpointing" if grad_checkpointing else mode
+
+
 def _config_key(model: Any, batch: Any, seq: Any, dtype: Any, mode: Any, gpu: Any) -> str:
     return json.dumps([model, batch, seq, dtype, mode, gpu])
 
@@ -65,7 +70,8 @@ class History:
                 if r.get("time_median_s") is None:
                     continue
                 key = _config_key(r["model"], r["batch_size"], r["seq_len"], r["dtype"],
-                                  r["mode"], r["feature_gpu"])
+                                  _mode(r["mode"], r.get("grad_checkpointing")),
+                                  r["feature_gpu"])
                 self._measured[key] = {
                     "dataset": path, "run_id": r["run_id"], "device": r.get("device"),
                     "gpu_name": r.get("gpu_name"), "time_ms": r["time_median_s"] * 1e3,
@@ -86,7 +92,9 @@ class History:
     def add(self, p: Any) -> None:
         entry = {
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "model": p.model,
-            "gpu": p.gpu, "dtype": p.dtype, "mode": p.mode, "batch_size": p.batch_size,
+            "gpu": p.gpu, "dtype": p.dtype,
+            "mode": _mode(p.mode, getattr(p, "grad_checkpointing", False)),
+            "batch_size": p.batch_size,
             "seq_len": p.seq_len, "time_ms": p.time_ms,
             "peak_reserved_bytes": p.peak_reserved_bytes, "nvidia_smi_bytes": p.nvidia_smi_bytes,
             "fits": p.fits,
