@@ -267,6 +267,23 @@ def _norm_index(i: int | None, n: int, default: int) -> int:
     return min(max(i, 0), n)
 
 
+def _remember(table: dict[int, Any], t: torch.Tensor, what: Any, storage: int) -> None:
+    """table[id(t)] = what, for as long as `t` lives (a weakref callback drops the entry, so
+    an id is never read for another tensor)."""
+    key = id(t)
+    ref = weakref.ref(t, lambda _r, key=key: table.pop(key, None))
+    table[key] = (ref, what, storage)
+
+
+def _recall(table: dict[int, Any], t: torch.Tensor) -> Any:
+    """What _remember stored for `t`, while `t` still has the same storage (x.data = y swaps
+    it without an op the mode sees)."""
+    entry = table.get(id(t))
+    if entry is None or entry[0]() is not t or _storage_key(t) != entry[2]:
+        return None
+    return entry[1]
+
+
 class KnownValues(TorchDispatchMode):
     """Follow value sets and answer ``.item()`` where one value is left (module docstring).
 
@@ -291,10 +308,7 @@ class KnownValues(TorchDispatchMode):
         if vs is None or storage is None:
             self._marks.pop(id(t), None)
             return
-        key = id(t)
-        marks = self._marks
-        ref = weakref.ref(t, lambda _r, key=key: marks.pop(key, None))
-        marks[key] = (ref, vs, storage)
+        _remember(self._marks, t, vs, storage)
 
     def values(self, t: object) -> Values | None:
         """The set every element of `t` is drawn from; a Python scalar is its own set."""
@@ -305,16 +319,16 @@ class KnownValues(TorchDispatchMode):
         if t.device.type == "cpu":
             v = _cpu_scalar(t)
             return frozenset({v}) if v is not None else None
-        entry = self._marks.get(id(t))
-        if entry is None or entry[0]() is not t or _storage_key(t) != entry[2]:
+        vs = _recall(self._marks, t)
+        if vs is None:
             p = self.prog(t)
             if p is None:
-                return None  # (x.data = y swaps the storage without an op this mode sees)
+                return None
             n = t.shape[p.dim] if t.dim() else 1
             if n == 0 or n > MAX_VALUES:
                 return None
             return frozenset(p.start + p.step * i for i in range(n))
-        return entry[1]
+        return vs
 
     def mark_prog(self, t: torch.Tensor, p: Prog) -> None:
         storage = _storage_key(t)
@@ -323,20 +337,13 @@ class KnownValues(TorchDispatchMode):
         if p.step == 0 or (t.dim() and t.shape[p.dim] == 1):
             self.mark(t, frozenset({p.start}))  # one value
             return
-        key = id(t)
-        progs = self._progs
-        ref = weakref.ref(t, lambda _r, key=key: progs.pop(key, None))
-        progs[key] = (ref, p, storage)
+        _remember(self._progs, t, p, storage)
 
     def prog(self, t: object) -> Prog | None:
-        """`t`'s progression; a tensor of one known value is a progression of step 0 along
-        its first dimension."""
+        """`t`'s progression (a tensor of one value has none: it is a value set)."""
         if not isinstance(t, torch.Tensor) or t.dtype not in _INT_DTYPES:
             return None
-        entry = self._progs.get(id(t))
-        if entry is not None and entry[0]() is t and _storage_key(t) == entry[2]:
-            return entry[1]
-        return None
+        return _recall(self._progs, t)
 
     def _written_into(self, t: torch.Tensor, after: Values | None) -> None:
         """`t` was written in place and now holds values from `after` (None: unknown). Other
