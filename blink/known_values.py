@@ -573,37 +573,36 @@ class KnownValues(TorchDispatchMode):
 
     def _prog_cat(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                   out: torch.Tensor) -> Prog | None:
-        """Pieces that continue one progression along the cat dimension."""
+        """Pieces that continue one progression along the cat dimension: each piece is a
+        progression along that dimension or one value one element thick there."""
         tensors = args[0] if args else kwargs.get("tensors", [])
         d = args[1] if len(args) > 1 else kwargs.get("dim", 0)
         d = d + out.dim() if d < 0 else d
         pieces = [t for t in tensors if isinstance(t, torch.Tensor) and t.numel() > 0]
         if not pieces or any(t.dim() != out.dim() for t in pieces):
             return None
-        step: int | None = None
+        spans = []  # (first value, step or None for one value, length along d)
         for t in pieces:
             p = self.prog(t)
-            if p is not None and t.shape[d] > 1:
-                if p.dim != d or (step is not None and p.step != step):
+            if p is not None:
+                if p.dim != d:  # it varies along another dimension
                     return None
-                step = p.step
-        if step is None:
+                spans.append((p.start, p.step, t.shape[d]))
+                continue
+            v = self._one(t)
+            if v is None or t.shape[d] != 1:
+                return None
+            spans.append((v, None, 1))
+        steps = {step for _, step, _ in spans if step is not None}
+        if len(steps) != 1:
             return None
-        start: int | None = None
-        at = 0
-        for t in pieces:
-            p = self.prog(t)
-            first = p.start if p is not None else self._one(t)
-            if first is None or (p is not None and t.shape[d] > 1 and p.dim != d):
+        (step,) = steps
+        start, at = spans[0][0], 0
+        for first, _, n in spans:
+            if first != start + step * at:
                 return None
-            if t.shape[d] > 1 and p is None:
-                return None  # one value repeated along the cat dimension: not a progression
-            if start is None:
-                start = first - step * at
-            elif first != start + step * at:
-                return None
-            at += t.shape[d]
-        return Prog(start, step, d) if start is not None else None
+            at += n
+        return Prog(start, step, d)
 
     @staticmethod
     def _reduction(packet: Any, src: torch.Tensor, vs: Values, args: tuple[Any, ...],

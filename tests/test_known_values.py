@@ -256,6 +256,10 @@ _TORCH_SEMANTICS = {
     "arange floor divide": lambda d: (torch.arange(40, device=d) // 3)[39].item(),
     "arange view": lambda d: torch.arange(40, device=d).view(8, 5)[1, 0].item(),
     "arange repeated": lambda d: bool((torch.arange(40, device=d).repeat(2) < 40).all()),
+    "cat of a row progression": lambda d: torch.cat([
+        torch.arange(4, device=d).unsqueeze(0),  # varies along dim 1, one row thick in dim 0
+        torch.zeros(3, 4, dtype=torch.long, device=d) + torch.arange(1, 4, device=d)[:, None],
+    ])[0, 3].item(),
 }
 
 
