@@ -113,12 +113,12 @@ def _to_meta(value: object, where: str, cast: torch.dtype | None = None) -> obje
                       "or tuples / lists / dicts of tensors")
 
 
-def enable_grad_checkpointing(net: torch.nn.Module, label: str) -> str:
+def enable_grad_checkpointing(net: torch.nn.Module, label: str) -> None:
     """Switch on the library's own activation checkpointing on Blink's meta copy, as a user
     does before training: transformers' `activation_checkpointing_enable` /
     `gradient_checkpointing_enable` (non-reentrant torch.utils.checkpoint around each layer)
     or timm's `set_grad_checkpointing`. Backward then recomputes each checkpointed block's
-    forward: more time, fewer saved activations. Returns which switch was used."""
+    forward: more time, fewer saved activations."""
     switches = (("activation_checkpointing_enable",  # transformers 5 (the old name warns)
                  {"activation_checkpointing_kwargs": {"use_reentrant": False}}),
                 ("gradient_checkpointing_enable",
@@ -132,7 +132,7 @@ def enable_grad_checkpointing(net: torch.nn.Module, label: str) -> str:
             except (ValueError, NotImplementedError, AssertionError, TypeError) as exc:
                 raise ConfigError(f"{label} does not support gradient checkpointing ({name}: "
                                   f"{exc}); drop grad_checkpointing") from None
-            return name
+            return
     raise ConfigError(
         f"{label} has no gradient-checkpointing switch (transformers' "
         f"gradient_checkpointing_enable or timm's set_grad_checkpointing); wrap its blocks in "
@@ -458,9 +458,17 @@ def trace_model(
     try:
         return _trace_once(model, inputs, False, **run)
     except DataDependentError as exc:
-        if exc.op not in ("aten::_local_scalar_dense", "aten::item"):
+        if not asks_for_values(exc):
             raise
     return _trace_once(model, inputs, True, **run)
+
+
+def asks_for_values(exc: BaseException) -> bool:
+    """Whether a dry run failed on .item() (a retry following known values may answer it):
+    blink's DataDependentError from a trace, or torch's own error from an untraced step."""
+    if isinstance(exc, DataDependentError):
+        return exc.op in ("aten::_local_scalar_dense", "aten::item")
+    return isinstance(exc, RuntimeError) and "item() cannot be called on meta" in str(exc)
 
 
 def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool, *,

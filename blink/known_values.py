@@ -390,7 +390,8 @@ class KnownValues(TorchDispatchMode):
                 indices = i > 0 and packet in (aten.max, aten.min)
                 self._written_into(t, None if indices else result)
             return out
-        if isinstance(out, torch.Tensor):  # a progression keeps more than its value set
+        # A progression keeps more than its value set; one comes only from arange or another.
+        if isinstance(out, torch.Tensor) and (self._progs or packet is aten.arange):
             try:
                 p = self._prog_result(packet, args, kwargs, out)
             except (TypeError, ValueError, ArithmeticError, IndexError):

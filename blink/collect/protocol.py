@@ -27,8 +27,16 @@ from typing import Any
 import torch
 
 from .. import cuda_paths
-from ..dryrun import DTYPES, Prepared, enable_grad_checkpointing, execute, make_optimizer, prepare
-from ..errors import BlinkError, DataDependentError
+from ..dryrun import (
+    DTYPES,
+    Prepared,
+    asks_for_values,
+    enable_grad_checkpointing,
+    execute,
+    make_optimizer,
+    prepare,
+)
+from ..errors import BlinkError
 from ..trace import PHASES, Trace, trace
 from . import models as builtin
 from .cupti import UNIT_BY_RULE, OpTiming, TraceSummary
@@ -151,11 +159,8 @@ class ModelWorkload(Workload):
     def dry_run(self, gpu: str) -> Trace:
         try:
             return self._dry_run(gpu)
-        except DataDependentError as exc:
-            if exc.op not in ("aten::_local_scalar_dense", "aten::item"):
-                raise
-        except RuntimeError as exc:  # the untraced steady-state step: torch's own error
-            if "item() cannot be called on meta" not in str(exc):
+        except RuntimeError as exc:  # (blink's DataDependentError too)
+            if not asks_for_values(exc):
                 raise
         # As blink.trace_model: retry following known values (blink.known_values) to answer
         # the model's .item() calls on tensors made from constants.

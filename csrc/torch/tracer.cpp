@@ -243,9 +243,10 @@ const char* base_name(const char* name) {
 // entry and its kernel: torch records a "PythonDispatchMode" frame and the mode's func(*args)
 // enters the same op again. A GPU run without the mode dispatches it once, so neither is
 // recorded (their children go to the outer op): the trace, and the host gaps between its ops,
-// are those of the run without the mode. Caller holds s.mu.
-bool is_transparent(const Session& s, const ThreadState& ts, const at::RecordFunction& fn) {
-  if (std::strcmp(fn.name(), kPythonMode) == 0) return true;
+// are those of the run without the mode. `python_mode`: fn is that frame. Caller holds s.mu.
+bool is_transparent(const Session& s, const ThreadState& ts, const at::RecordFunction& fn,
+                    bool python_mode) {
+  if (python_mode) return true;
   if (ts.stack.empty() || !ts.stack.back().python_mode || ts.stack.back().op < 0) return false;
   const OpRecord& outer = s.data.ops[static_cast<size_t>(ts.stack.back().op)];
   return std::strcmp(base_name(s.data.names[static_cast<size_t>(outer.name)].c_str()),
@@ -289,10 +290,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (is_backward_fn || ts.backward_depth > 0) phase = Phase::kBackward;
 
   std::lock_guard<std::mutex> lock(s.mu);
-  if (is_transparent(s, ts, fn)) {
+  const bool python_mode = std::strcmp(fn.name(), kPythonMode) == 0;
+  if (is_transparent(s, ts, fn, python_mode)) {
     Frame frame{parent, module, false, false};
     frame.transparent = true;
-    frame.python_mode = std::strcmp(fn.name(), kPythonMode) == 0;
+    frame.python_mode = python_mode;
     ts.stack.push_back(frame);
     ++ts.transparent_depth;
     return nullptr;
