@@ -124,20 +124,27 @@ def enable_grad_checkpointing(net: torch.nn.Module, label: str) -> None:
                 ("gradient_checkpointing_enable",
                  {"gradient_checkpointing_kwargs": {"use_reentrant": False}}),
                 ("set_grad_checkpointing", {"enable": True}))
+    # A switch whose signature differs (a TypeError: a model's own method of the same name)
+    # is not the library's: the next name is tried. A switch that refuses stops the search.
+    mismatched: list[str] = []
     for name, kwargs in switches:
         fn = getattr(net, name, None)
         if callable(fn):
             try:
                 fn(**kwargs)
-            except (ValueError, NotImplementedError, AssertionError, TypeError) as exc:
+            except TypeError as exc:
+                mismatched.append(f"{name}: {exc}")
+                continue
+            except (ValueError, NotImplementedError, AssertionError) as exc:
                 raise ConfigError(f"{label} does not support gradient checkpointing ({name}: "
                                   f"{exc}); drop grad_checkpointing") from None
             return
+    found = f" ({'; '.join(mismatched)})" if mismatched else ""
     raise ConfigError(
-        f"{label} has no gradient-checkpointing switch (transformers' "
-        f"gradient_checkpointing_enable or timm's set_grad_checkpointing); wrap its blocks in "
-        f"torch.utils.checkpoint.checkpoint(..., use_reentrant=False) in your own model and "
-        f"predict that instead")
+        f"{label} has no gradient-checkpointing switch that Blink can call (transformers' "
+        f"gradient_checkpointing_enable or timm's set_grad_checkpointing){found}; wrap its "
+        f"blocks in torch.utils.checkpoint.checkpoint(..., use_reentrant=False) in your own "
+        f"model and predict that instead")
 
 
 def _channels_last(net: torch.nn.Module, args: tuple[Any, ...],

@@ -89,3 +89,42 @@ def test_cli_flag(capsys, llama_config):
                  "--grad-checkpointing", "--batch-sizes", "2,4", "--json", "-"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["batch_size"] for r in rows] == [2, 4]
+
+
+class _OwnSwitch(torch.nn.Module):
+    """A user's model with its own `set_grad_checkpointing(flag)`: not timm's signature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+        self.flag = None
+
+    def set_grad_checkpointing(self, flag: bool) -> None:
+        self.flag = flag
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_a_switch_with_another_signature_is_not_called_the_librarys():
+    net = _OwnSwitch()
+    with pytest.raises(blink.ConfigError) as e:
+        blink.dryrun.enable_grad_checkpointing(net, "the model")
+    msg = str(e.value)
+    assert "no gradient-checkpointing switch that Blink can call" in msg
+    assert "set_grad_checkpointing:" in msg and "enable" in msg  # the TypeError, named
+    assert net.flag is None
+
+    class Both(torch.nn.Module):
+        # the first name has another signature; the later one with timm's is still found
+        flag = None
+
+        def gradient_checkpointing_enable(self) -> None:
+            self.flag = "wrong switch"
+
+        def set_grad_checkpointing(self, enable: bool = False) -> None:
+            self.flag = enable
+
+    both = Both()
+    blink.dryrun.enable_grad_checkpointing(both, "the model")
+    assert both.flag is True
