@@ -5,6 +5,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <time.h>
 
@@ -44,6 +45,12 @@ struct Frame {
   // Not recorded (see is_transparent): `op` and `module` are the enclosing recorded op's.
   bool transparent = false;
   bool python_mode = false;  // a "PythonDispatchMode" frame
+  // For is_mode_unpack_detach: a dispatch mode was active when the op began, and a
+  // "PythonDispatchMode" frame ran somewhere below it; the trace's sizes at its start.
+  bool mode_active = false;
+  bool saw_mode = false;
+  size_t allocs_at_start = 0;
+  size_t externals_at_start = 0;
 };
 
 struct ThreadState {
@@ -53,6 +60,7 @@ struct ThreadState {
   std::vector<int32_t> modules;
   int backward_depth = 0;
   int transparent_depth = 0;  // transparent frames on `stack`
+  int64_t skipped_cpu_ns = 0;  // thread CPU time of the ops dropped on this thread
 };
 
 struct Session {
@@ -75,6 +83,9 @@ struct Session {
   bool record_all = false;
   bool timing_only = false;
   std::chrono::steady_clock::time_point t0;
+  // Wall time of dropped ops (is_mode_unpack_detach), taken off every later stamp so that the
+  // gaps around them are those of the run without them.
+  std::atomic<int64_t> skipped_ns{0};
   int64_t next_storage = 1;
   int32_t next_thread = 0;
   at::CallbackHandle handle = 0;
@@ -256,22 +267,55 @@ bool is_transparent(const Session& s, const ThreadState& ts, const at::RecordFun
 int64_t since_start_ns(const Session& s) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
                                                               s.t0)
-      .count();
+             .count() -
+         s.skipped_ns.load(std::memory_order_relaxed);
 }
 
-int64_t thread_cpu_ns() {
-  timespec ts{};
-  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return -1;
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+int64_t thread_cpu_ns(const ThreadState& ts) {
+  timespec t{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return -1;
+  return static_cast<int64_t>(t.tv_sec) * 1000000000LL + t.tv_nsec - ts.skipped_cpu_ns;
+}
+
+constexpr char kDetach[] = "aten::detach";
+
+// Under a TorchDispatchMode torch unpacks a backward node's saved *output*
+// (torch/csrc/autograd/saved_variable.cpp: saved as tensor_data(), re-wrapped by make_variable)
+// through TensorImpl::shallow_copy_and_detach, which with a mode on the stack hands the detach
+// to the mode's interpreter (c10/core/TensorImpl.cpp): the mode's handler runs with the mode
+// popped and its func(*args) records an aten::detach straight under the node, one per such
+// node, that a run without the mode never makes (ReluBackward0, TanhBackward0,
+// LogSoftmaxBackward0, the SDPA backwards). A detach the node itself calls goes through the
+// dispatcher with the mode still on the stack ("PythonDispatchMode" below it). So a detach
+// under a node that began with a mode on the stack, begun with none and with no mode frame
+// below it, nothing allocated or first seen inside it and only its own subtree after it, is
+// dropped. `node`: the frame below it. Caller holds s.mu.
+bool is_mode_unpack_detach(const Session& s, const ThreadState& ts, const Frame& frame,
+                           const Frame* node, const OpRecord& rec) {
+  if (frame.mode_active || frame.saw_mode || rec.phase != Phase::kBackward || rec.parent < 0 ||
+      node == nullptr || node->transparent || node->op != rec.parent || !node->mode_active) {
+    return false;
+  }
+  if (s.data.names[static_cast<size_t>(rec.name)] != kDetach) return false;
+  const OpRecord& parent = s.data.ops[static_cast<size_t>(rec.parent)];
+  if (parent.scope != static_cast<uint8_t>(at::RecordScope::BACKWARD_FUNCTION)) return false;
+  if (s.data.allocs.size() != frame.allocs_at_start ||
+      s.data.externals.size() != frame.externals_at_start) {
+    return false;
+  }
+  for (size_t i = static_cast<size_t>(rec.id); i < s.data.ops.size(); ++i) {
+    if (s.data.ops[i].thread != ts.thread) return false;
+  }
+  return true;
 }
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   Session* sp = g_session;
   if (sp == nullptr || !g_active.load(std::memory_order_relaxed)) return nullptr;
   Session& s = *sp;
-  const int64_t t_start = since_start_ns(s);
-  const int64_t cpu_start = thread_cpu_ns();
   ThreadState& ts = thread_state(s);
+  const int64_t t_start = since_start_ns(s);
+  const int64_t cpu_start = thread_cpu_ns(ts);
   int64_t parent = ts.stack.empty() ? -1 : ts.stack.back().op;
   const bool is_node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
   // The engine wraps each node in "autograd::engine::evaluate_function: X" (FUNCTION scope);
@@ -295,6 +339,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     Frame frame{parent, module, false, false};
     frame.transparent = true;
     frame.python_mode = python_mode;
+    frame.saw_mode = python_mode;
     ts.stack.push_back(frame);
     ++ts.transparent_depth;
     return nullptr;
@@ -341,7 +386,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     at::disableCallback(s.handle);
     muted = true;
   }
-  ts.stack.push_back(Frame{rec.id, module, is_backward_fn, muted});
+  Frame frame{rec.id, module, is_backward_fn, muted};
+  frame.mode_active = c10::impl::TorchDispatchModeTLS::stack_len() > 0;
+  frame.allocs_at_start = s.data.allocs.size();
+  frame.externals_at_start = s.data.externals.size();
+  ts.stack.push_back(frame);
   if (is_backward_fn) ++ts.backward_depth;
   s.data.ops.push_back(std::move(rec));
   return nullptr;
@@ -355,6 +404,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (ts.stack.empty()) return;  // entered before this trace started
   Frame frame = ts.stack.back();
   ts.stack.pop_back();
+  if (frame.saw_mode && !ts.stack.empty()) ts.stack.back().saw_mode = true;
   if (frame.transparent) {
     --ts.transparent_depth;
     return;
@@ -371,7 +421,15 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
       s.failure.module = rec.module;
     }
     rec.t_end_ns = since_start_ns(s);
-    rec.cpu_end_ns = thread_cpu_ns();
+    rec.cpu_end_ns = thread_cpu_ns(ts);
+    return;
+  }
+  if (is_mode_unpack_detach(s, ts, frame, ts.stack.empty() ? nullptr : &ts.stack.back(), rec)) {
+    const int64_t wall = since_start_ns(s) - rec.t_start_ns;
+    const int64_t cpu = thread_cpu_ns(ts) - rec.cpu_start_ns;
+    if (wall > 0) s.skipped_ns.fetch_add(wall, std::memory_order_relaxed);
+    if (rec.cpu_start_ns >= 0 && cpu > 0) ts.skipped_cpu_ns += cpu;
+    s.data.ops.resize(static_cast<size_t>(frame.op));  // the record and its subtree
     return;
   }
   if (!s.timing_only) {
@@ -380,7 +438,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     for (size_t i = 0; i < outputs.size(); ++i) record_value(s, outputs[i], rec.outputs[i]);
   }
   rec.t_end_ns = since_start_ns(s);
-  rec.cpu_end_ns = thread_cpu_ns();
+  rec.cpu_end_ns = thread_cpu_ns(ts);
 }
 
 void record_storage_event(AllocCtx* ctx, bool is_free) {
