@@ -338,7 +338,8 @@ class Prediction:
             events.append({"ph": "X", "pid": 1, "tid": 1, "name": ev["op"],
                            "ts": ev["host_start_s"] * us,
                            "dur": (ev["host_end_s"] - ev["host_start_s"]) * us,
-                           "args": {"module": ev["module"], "phase": ev["phase"]}})
+                           "args": {"module": ev["module"], "phase": ev["phase"],
+                                    **({"waits_for_gpu": True} if ev.get("syncs") else {})}})
             if ev["gpu_end_s"] > ev["gpu_start_s"]:
                 events.append({"ph": "X", "pid": 1, "tid": 2, "name": ev["op"],
                                "ts": ev["gpu_start_s"] * us,
@@ -684,12 +685,20 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     if gn_note:
         notes.append(gn_note)
     timeline = []
-    for (op_id, _h, _g, hs, he, gs, ge, (name, module, phase), caller_s,
-         dispatch_s) in cost["issues"]:
+    syncs, waited_s = 0, 0.0
+    for (op_id, h, _g, hs, he, gs, ge, (name, module, phase), caller_s,
+         dispatch_s, sync) in cost["issues"]:
         timeline.append({"op": name, "op_id": op_id, "module": module,
                          "phase": PHASES[phase], "host_start_s": hs, "host_end_s": he,
                          "gpu_start_s": gs, "gpu_end_s": ge, "caller_s": caller_s,
-                         "dispatch_s": dispatch_s})
+                         "dispatch_s": dispatch_s, "syncs": bool(sync)})
+        if sync:
+            syncs += 1
+            waited_s += max(0.0, he - hs - h)
+    if syncs:
+        notes.append(f"{syncs} op(s) copy a GPU value to the host (.item(), nonzero, unique, "
+                     f"_grouped_mm's per-group loop) and hold the CPU until the GPU has run "
+                     f"everything before them: {waited_s * 1e3:.3f} ms of waiting")
     time_ms = cost["end_to_end_s"] * 1e3
     host_s, gpu_busy_s, lower_s = cost["host_s"], cost["gpu_busy_s"], cost["lower_bound_s"]
     blended = False

@@ -38,6 +38,34 @@ bool is_issue(const TraceData& t, const OpRecord& op) {
   return !(starts_with(parent, "aten::") || starts_with(parent, "prims::"));
 }
 
+// The op name without its overload ("aten::nonzero.out" -> "aten::nonzero").
+std::string base_op(const std::string& name) {
+  const size_t ns = name.find("::");
+  const size_t dot = name.find('.', ns == std::string::npos ? 0 : ns + 2);
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+// Units whose CUDA implementation copies a device value to the host, which returns only once
+// the stream has run everything before it: .item() (aten/src/ATen/native/cuda/CUDAScalar.cu,
+// _local_scalar_dense_cuda), nonzero's count (cuda/Nonzero.cu) and masked_select through it,
+// unique's output size (cuda/Unique.cu), torch.equal's result, and _grouped_mm's fallback loop
+// (offs.cpu() in ATen/native/GroupedMMUtils.h; features.cpp f_grouped_mm).
+bool unit_syncs_host(const std::string& op_name, const UnitFeatures& f) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
+      "aten::unique_dim", "aten::unique_consecutive", "aten::equal"};
+  if (f.kind == UnitKind::kGemm && f.groups > 1) return true;
+  return ops.count(base_op(op_name)) > 0;
+}
+
+// Host work of a unit beyond its op's row in the dispatch table: _grouped_mm's fallback issues
+// one cuBLAS GEMM per group after its offsets' copy to the host.
+double unit_extra_dispatch_s(const UnitFeatures& f) {
+  if (f.kind != UnitKind::kGemm || f.groups <= 1) return 0.0;
+  return cuda_dispatch_time_s("aten::_local_scalar_dense") +
+         static_cast<double>(f.groups) * cuda_dispatch_time_s("aten::mm");
+}
+
 // Module paths are dotted ("layer1.0.conv1"); the root module is "". Components of a path, the
 // root counted as the first.
 std::vector<std::string> module_parts(const TraceData& t, int32_t module) {
@@ -273,20 +301,29 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& spe
     if (unit_of[i] >= 0 && issue_of[i] >= 0) {
       UnitCost& u = out.units[static_cast<size_t>(unit_of[i])];
       u.issue = issue_of[i];
-      out.issues[static_cast<size_t>(issue_of[i])].roofline_s += u.roofline_s;
+      IssueCost& is = out.issues[static_cast<size_t>(issue_of[i])];
+      is.roofline_s += u.roofline_s;
+      if (u.error.empty()) {
+        const double extra = unit_extra_dispatch_s(u.features);
+        is.dispatch_s += extra;
+        is.host_s += extra;
+        is.syncs = is.syncs || unit_syncs_host(op_full_name(trace, op), u.features);
+      }
     }
   }
   retime_trace(out);
   // The same timeline with every kernel at its roofline: no eager run can be faster than this
   // on this host-time model.
   std::vector<double> host, roof;
+  std::vector<char> waits;
   host.reserve(out.issues.size());
   roof.reserve(out.issues.size());
   for (const IssueCost& c : out.issues) {
     host.push_back(c.host_s);
     roof.push_back(c.roofline_s);
+    waits.push_back(c.syncs ? 1 : 0);
   }
-  out.lower_bound_s = timeline_end_to_end_s(simulate_eager_timeline(host, roof));
+  out.lower_bound_s = timeline_end_to_end_s(simulate_eager_timeline(host, roof, waits));
   return out;
 }
 
@@ -298,16 +335,18 @@ void retime_trace(TraceCost& cost) {
     }
   }
   std::vector<double> host, gpu_t;
+  std::vector<char> waits;
   host.reserve(cost.issues.size());
   gpu_t.reserve(cost.issues.size());
   cost.host_s = cost.gpu_busy_s = 0.0;
   for (const IssueCost& c : cost.issues) {
     host.push_back(c.host_s);
     gpu_t.push_back(c.gpu_s);
+    waits.push_back(c.syncs ? 1 : 0);
     cost.host_s += c.host_s;
     cost.gpu_busy_s += c.gpu_s;
   }
-  cost.timeline = simulate_eager_timeline(host, gpu_t);
+  cost.timeline = simulate_eager_timeline(host, gpu_t, waits);
   cost.end_to_end_s = timeline_end_to_end_s(cost.timeline);
 }
 

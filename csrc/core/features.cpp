@@ -345,6 +345,93 @@ Tiling f_gemm(const Ctx& c, const Rule& r, UnitFeatures& f) {
   return gemm_tiling();
 }
 
+// torch._grouped_mm (transformers' MoE experts, torch.nn.functional.grouped_mm): G GEMMs in one
+// call, A = input 0, B = input 1, offs = input 2 (int32 cumulative group ends along the 2-D
+// operand's grouped dim). aten/src/ATen/native/cuda/GroupedBlas.cpp (_grouped_mm_cuda): bf16
+// in and out on sm_90 / sm_100 runs CUTLASS's persistent grouped GEMM (bf16bf16_grouped_mm, one
+// launch); everything else runs _grouped_mm_fallback (ATen/native/GroupedMMUtils.h), which copies
+// offs to the host (a sync) and calls at::mm_out once per group. The group sizes are data (the
+// router's choice), unknown on meta: rows are taken as spread uniformly at random over the G
+// groups, as a router with a load-balancing loss (or at random init) spreads them, so of G
+// groups G * (1 - (1 - 1/G)^rows) get rows, each an equal share; a group without rows costs no
+// tile and its weights are not read (decode: a few rows touch a few experts). The cases
+// (create_grouped_gemm_output_tensor): 2-D (rows, K) x 3-D (G, K, N) -> (rows, N), the experts'
+// forward and input gradient; 2-D (M, rows) x 2-D (rows, N) -> (G, M, N), their weight
+// gradient, grouped along K; 3-D (G, M, K) x 2-D (K, rows) -> (M, rows); 3-D x 3-D a bmm.
+// FLOPs 2 * M * N * K over the rows actually present.
+Tiling f_grouped_mm(const Ctx& c, const Rule&, UnitFeatures& f) {
+  const TensorInfo& a = need_tensor(c, 0, "mat_a");
+  const TensorInfo& b = need_tensor(c, 1, "mat_b");
+  const size_t ra = a.sizes.size(), rb = b.sizes.size();
+  if ((ra != 2 && ra != 3) || (rb != 2 && rb != 3)) fail(c, "mat_a and mat_b must be 2-D or 3-D");
+  int64_t groups = 0;
+  if (ra == 3) {
+    groups = a.sizes[0];
+  } else if (rb == 3) {
+    groups = b.sizes[0];
+  } else {
+    const TensorInfo* offs = tensor_at(c.in, 2);
+    if (offs == nullptr || offs->sizes.size() != 1) fail(c, "a 2-D x 2-D grouped GEMM needs 1-D offs");
+    groups = offs->sizes[0];
+  }
+  if (groups <= 0) fail(c, "no groups");
+  // The grouped (data-dependent) extent and the fixed ones.
+  int64_t m = 0, n = 0, k = 0, rows = 0;
+  const double weight_bytes_3d = ra == 3 ? tensor_bytes(a) : (rb == 3 ? tensor_bytes(b) : 0.0);
+  if (ra == 2 && rb == 3) {         // rows of A grouped
+    rows = a.sizes[0], k = a.sizes[1], n = b.sizes[2];
+    if (b.sizes[1] != k) fail(c, "contraction dimensions differ");
+  } else if (ra == 3 && rb == 2) {  // columns of B grouped
+    m = a.sizes[1], k = a.sizes[2], rows = b.sizes[1];
+    if (b.sizes[0] != k) fail(c, "contraction dimensions differ");
+  } else if (ra == 2 && rb == 2) {  // K grouped
+    m = a.sizes[0], rows = a.sizes[1], n = b.sizes[1];
+    if (b.sizes[0] != rows) fail(c, "contraction dimensions differ");
+  } else {                          // 3-D x 3-D: a bmm
+    if (b.sizes[0] != groups || b.sizes[1] != a.sizes[2]) fail(c, "batched shapes differ");
+    m = a.sizes[1], k = a.sizes[2], n = b.sizes[2];
+  }
+  const bool batched = ra == 3 && rb == 3;
+  double active = static_cast<double>(groups);
+  if (!batched) {
+    const double g = static_cast<double>(groups), r = static_cast<double>(std::max<int64_t>(rows, 0));
+    active = groups == 1 ? 1.0 : g * (1.0 - std::pow(1.0 - 1.0 / g, r));
+    active = std::clamp(std::round(active), rows > 0 ? 1.0 : 0.0, g);
+    const int64_t share = rows > 0 ? ceil_div(rows, static_cast<int64_t>(active)) : 0;
+    if (ra == 2 && rb == 3) m = share;
+    else if (ra == 3 && rb == 2) n = share;
+    else k = share;
+  }
+  const double rows_d = static_cast<double>(rows);
+  f.flops = batched ? 2.0 * groups * static_cast<double>(m) * n * k
+            : ra == 2 && rb == 3 ? 2.0 * rows_d * k * n
+            : ra == 3 && rb == 2 ? 2.0 * static_cast<double>(m) * k * rows_d
+                                 : 2.0 * static_cast<double>(m) * n * rows_d;
+  // Only the groups that get rows read their slice of the 3-D operand.
+  f.bytes_read = read_bytes(c) - weight_bytes_3d * (1.0 - active / static_cast<double>(groups));
+  count_writes(c, f, -1);
+  f.m = m;
+  f.n = n;
+  f.k = k;
+  f.trans_a = transposed_operand(a);
+  f.trans_b = transposed_operand(b);
+  f.dtype = a.dtype;
+  const int out_dtype = c.out.empty() || tensor_at(c.out, 0) == nullptr ? a.dtype
+                                                                          : tensor_at(c.out, 0)->dtype;
+  const bool fast = a.dtype == 15 && b.dtype == 15 && out_dtype == 15 && c.gpu.cc_minor == 0 &&
+                    (c.gpu.cc_major == 9 || c.gpu.cc_major == 10);
+  const int64_t used = static_cast<int64_t>(active);
+  if (batched || fast) {
+    f.batch = used;  // one launch over every group's tiles
+    f.kernels = used > 0 ? 1 : 0;
+  } else {
+    f.batch = 1;
+    f.groups = used;  // a loop of at::mm_out calls (gemm_cost.cpp plan_gemm_unit)
+    f.kernels = used;
+  }
+  return gemm_tiling();
+}
+
 // blink/flops.py _conv: each output (transposed: each input) point takes C_in/groups * kernel
 // volume MACs per output channel; the weight's dims 0 and 1 already carry the group split.
 double conv_flops(const TensorInfo& x, const TensorInfo& w, const TensorInfo& y,
@@ -1282,6 +1369,8 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       {"aten::mv", R(K::kGemm, f_gemm, 0, 0, 1)},                // GEMV (N = 1): cuBLAS gemv
       {"aten::addmv", R(K::kGemm, f_gemm, 0, 1, 2)},             // GEMV with beta*y
       {"aten::dot", R(K::kGemm, f_gemm, 0, 0, 1)},               // 1 x K @ K x 1
+      // One grouped GEMM kernel (sm_90 / sm_100 bf16) or one mm per group (f_grouped_mm).
+      {"aten::_grouped_mm", R(K::kGemm, f_grouped_mm, 0, 0, 1, 2, -1)},
       // --- Convolutions: one cuDNN call (p0 = schema variant).
       {"aten::convolution", R(K::kConv, f_conv, 0, 0)},           // what conv2d etc. dispatch to
       {"aten::_convolution", R(K::kConv, f_conv, 0, 0)},          // convolution's backend pick

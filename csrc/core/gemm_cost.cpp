@@ -300,7 +300,11 @@ void plan_gemm_unit(UnitFeatures& f, const GpuSpec& g) {
   if (f.m <= 0 || f.n <= 0 || f.k <= 0) return;
   if (f.math_mode == MathMode::kOther) p.mode = MathMode::kFp32Simt;  // FP64 / integer GEMMs
   const GemmPlan plan = plan_gemm(p, g);
-  double compute = plan.compute_s;
+  // groups > 1: the same GEMM `groups` times, one cuBLAS call each (_grouped_mm's fallback loop,
+  // features.cpp f_grouped_mm).
+  const double loops = f.kind == UnitKind::kGemm ? static_cast<double>(std::max<int64_t>(f.groups, 1))
+                                                 : 1.0;
+  double compute = plan.compute_s * loops;
   if (f.math_mode == MathMode::kOther && f.flops > 0) {
     // Double precision: the FP64 rate, not the FP32 plan.
     compute *= peak_flops_for(MathMode::kFp32Simt, 6, g) /
@@ -317,8 +321,8 @@ void plan_gemm_unit(UnitFeatures& f, const GpuSpec& g) {
   }
   f.kernel_compute_s = compute;
   set_launch_shape(f, plan);
-  f.aux_bytes += plan.aux_bytes;
-  f.kernels += plan.aux_kernels;
+  f.aux_bytes += plan.aux_bytes * loops;
+  f.kernels += plan.aux_kernels * static_cast<int64_t>(loops);
   // GEMV / small-N kernels do their dot products on CUDA cores: say so.
   if (plan.gemv && f.math_mode != MathMode::kOther) f.math_mode = MathMode::kFp32Simt;
 }

@@ -8,10 +8,14 @@
 namespace blink {
 
 std::vector<TimelineEvent> simulate_eager_timeline(const std::vector<double>& host_times,
-                                                   const std::vector<double>& gpu_times) {
+                                                   const std::vector<double>& gpu_times,
+                                                   const std::vector<char>& host_waits) {
   BLINK_CHECK(host_times.size() == gpu_times.size(),
               "simulate_eager_timeline: " + std::to_string(host_times.size()) +
                   " host times but " + std::to_string(gpu_times.size()) + " GPU times");
+  BLINK_CHECK(host_waits.empty() || host_waits.size() == host_times.size(),
+              "simulate_eager_timeline: " + std::to_string(host_waits.size()) +
+                  " wait flags for " + std::to_string(host_times.size()) + " units");
   std::vector<TimelineEvent> events;
   events.reserve(host_times.size());
   double host = 0.0;      // when the host is free to issue the next unit
@@ -24,7 +28,8 @@ std::vector<TimelineEvent> simulate_eager_timeline(const std::vector<double>& ho
     TimelineEvent e;
     e.unit = static_cast<int64_t>(i);
     e.host_start = host;
-    e.host_end = host + h;
+    // A sync: the host's copy returns once the stream has drained.
+    e.host_end = (host_waits.empty() || !host_waits[i] ? host : std::max(host, gpu_free)) + h;
     if (g > 0.0) {
       // A stream runs kernels in order: this one starts once it is enqueued and the previous
       // one is done.

@@ -339,7 +339,7 @@ py::dict cost_to_python(const TraceData& t, const TraceCost& c,
     const TimelineEvent& e = c.timeline[i];
     issues.append(py::make_tuple(is.op, is.host_s, is.gpu_s, e.host_start, e.host_end,
                                  e.gpu_start, e.gpu_end, op_label(t, is.op), is.caller_s,
-                                 is.dispatch_s));
+                                 is.dispatch_s, is.syncs));
   }
   py::dict d;
   d["units"] = units;

@@ -33,6 +33,7 @@ struct IssueCost {
   double dispatch_s = 0.0;  // the op's CUDA-side dispatch (host_dispatch table)
   double gpu_s = 0.0;       // its units' kernel time, back to back on one stream
   double roofline_s = 0.0;  // the same with roofline unit times
+  bool syncs = false;       // a unit of it copies a device value to the host (unit_syncs_host)
 };
 
 struct TraceCost {

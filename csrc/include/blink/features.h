@@ -126,6 +126,8 @@ struct UnitFeatures {
   int64_t head_dim_v = 0;
   bool causal = false;
 
+  // kGemm: groups > 1 is a loop of `groups` separate GEMMs of (m, n, k), one launch each
+  // (aten::_grouped_mm off sm_90 / sm_100 bf16: features.cpp f_grouped_mm).
   // kRnn (one cuDNN RNN call) reuses fields: m = mini-batch, n = gates * hidden (N of the
   // recurrent GEMM), k = its K (hidden, or proj size), batch = layers * directions, groups =
   // directions, outer = timesteps, inner = layer-0 input size, conv_c = hidden size, conv_r = 1
