@@ -28,6 +28,13 @@ Each rule mirrors one dispatch decision PyTorch's CUDA backend makes and the met
   (:func:`_native_mha_cuda`). ``nn.TransformerEncoderLayer``'s own fast path is left to its
   slow path, which runs the same kernels around this attention (add, layer norm, linear).
 
+* ``torch._grouped_mm`` (MoE experts): CUDA takes float32, float16 and bfloat16
+  (``_grouped_mm_validate_inputs``, aten/src/ATen/native/GroupedMMUtils.h; the non-bf16 ones run
+  its per-group fallback, pytorch#162059), while the meta kernel of torch 2.14 refuses all but
+  bf16 (and fp16 with cuBLASLt's grouped GEMM). The meta kernel here checks what CUDA checks
+  and gives the output ``create_grouped_gemm_output_tensor``'s shape and 16-byte-padded
+  strides.
+
 Where cuDNN is not acceptable (bf16, cuDNN off) a meta LSTM runs the native loop as CUDA
 does it (two matmuls and one fused ``_thnn_fused_lstm_cell`` per step); other ops whose rule
 fails keep the behaviour PyTorch gives them off CUDA (``torch._decomp``'s RNN decompositions).
@@ -275,6 +282,52 @@ def _rnn_meta(lib: torch.library.Library) -> None:
         warnings.simplefilter("ignore", UserWarning)
         lib.impl("_cudnn_rnn", cudnn_rnn, "Meta")
         lib.impl("_cudnn_rnn_backward", cudnn_rnn_backward, "Meta")
+
+
+def _grouped_mm_meta(lib: torch.library.Library) -> None:
+    """Meta kernel of _grouped_mm with CUDA's checks and output layout (module docstring)."""
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+
+    def grouped_mm(mat_a: Tensor, mat_b: Tensor, offs: Tensor | None = None,
+                   bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+        torch._check(mat_a.dtype in dtypes and mat_b.dtype in dtypes, lambda: (
+            f"Expected mat_a and mat_b to be Float32, BFloat16 or Float16 matrices, got "
+            f"{mat_a.dtype} and {mat_b.dtype}"))
+        torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
+                     lambda: "mat_a and mat_b have to be 2-D or 3-D")
+        a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+        if not (a2 and b2):
+            torch._check(mat_a.size(-1) == mat_b.size(-2),
+                         lambda: "contraction dimension of mat_a and mat_b must match")
+        torch._check((offs is not None) == (a2 or b2), lambda: (
+            "Have to provide offsets if there is a 2d matrix, or no offset if both matrices "
+            "are 3d"))
+        if offs is not None:
+            torch._check(offs.dim() == 1 and offs.dtype == torch.int32,
+                         lambda: "offs has to be a 1-D int32 tensor")
+        torch._check(bias is None, lambda: "Bias not supported yet")
+        out = out_dtype or mat_a.dtype
+        torch._check(out == mat_a.dtype, lambda: "Grouped gemm output dtype must match mat_a")
+        if a2 and b2:
+            size = [offs.size(0), mat_a.size(0), mat_b.size(1)]
+        elif a2:
+            torch._check(offs.size(0) == mat_b.size(0), lambda: "matrix batch sizes have to match")
+            size = [mat_a.size(0), mat_b.size(-1)]
+        elif b2:
+            torch._check(offs.size(0) == mat_a.size(0), lambda: "matrix batch sizes have to match")
+            size = [mat_a.size(1), mat_b.size(1)]
+        else:
+            torch._check(mat_a.size(0) == mat_b.size(0), lambda: "batched dimension has to match")
+            size = [mat_a.size(0), mat_a.size(1), mat_b.size(-1)]
+        # Rows padded to 16 bytes (TMA), as create_grouped_gemm_output_tensor lays them out.
+        align = 16 // torch.empty((), dtype=out).element_size()
+        padded = (size[-1] + align - 1) // align * align
+        stride = [padded, 1] if len(size) == 2 else [size[1] * padded, padded, 1]
+        return torch.empty_strided(size, stride, dtype=out, device=mat_a.device)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("_grouped_mm", grouped_mm, "Meta")
 
 
 # ---- dropout and batch norm ---------------------------------------------------------------
@@ -588,6 +641,7 @@ def install(undo: list[Callable[[], None]], cc: tuple[int, int] = (9, 0)) -> Non
     meta_lib = torch.library.Library("aten", "IMPL")
     undo.append(meta_lib._destroy)
     _rnn_meta(meta_lib)
+    _grouped_mm_meta(meta_lib)
     _patch_autocast(undo)
     _patch_native_mha(undo, cc)
     _install_device_mode(undo)

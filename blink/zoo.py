@@ -143,6 +143,10 @@ def _entries() -> dict[str, ZooEntry]:
                  max_seq_len=8192),
         ZooEntry("hf:mistral-7b", "mistral", TEXT, _hf("mistral-7b"), vocab_size=32000),
         ZooEntry("hf:qwen2.5-7b", "qwen2", TEXT, _hf("qwen2.5-7b"), vocab_size=152064),
+        # mixtures of experts (torch._grouped_mm over the experts)
+        ZooEntry("hf:olmoe-1b-7b", "olmoe", TEXT, _hf("olmoe-1b-7b"), vocab_size=50304,
+                 max_seq_len=4096),
+        ZooEntry("hf:mixtral-8x7b", "mixtral", TEXT, _hf("mixtral-8x7b"), vocab_size=32000),
         ZooEntry("hf:bart-base", "bart", SEQ2SEQ, _hf("bart-base"), vocab_size=50265,
                  max_seq_len=1024),
         ZooEntry("hf:bart-large", "bart", SEQ2SEQ, _hf("bart-large"), vocab_size=50265,

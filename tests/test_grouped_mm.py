@@ -121,3 +121,30 @@ def test_a_sync_waits_for_the_gpu():
     gpu_done = max(e["gpu_end_s"] for e in p.timeline[:i])
     assert p.timeline[i]["host_end_s"] >= gpu_done > p.timeline[i - 1]["host_end_s"]
     assert any("1 op(s) copy a GPU value to the host" in n for n in p.notes)
+
+
+def test_fp32_experts_trace_with_the_layout_the_real_kernel_gives(mixtral):
+    # CUDA (and CPU) take fp32 grouped GEMMs through the per-group fallback; torch's own meta
+    # kernel refuses them, Blink's (during a trace) checks what CUDA checks.
+    x = torch.randn(10, 24)
+    w = torch.randn(4, 38, 24).transpose(-2, -1)  # (4, 24, 38), K contiguous as nn.Linear's
+    offs = torch.tensor([2, 5, 5, 10], dtype=torch.int32)
+    real = torch._grouped_mm(x, w, offs=offs)  # the real kernel, on the CPU
+    seen = {}
+
+    class Net(torch.nn.Module):
+        def forward(self, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+            out = torch._grouped_mm(x, w, offs=offs)
+            seen["meta"] = (tuple(out.shape), out.stride(), out.dtype)
+            return out
+
+    with blink.trace(Net()):
+        Net()(x.to("meta"), w.to("meta"), offs.to("meta"))
+    assert seen["meta"] == (tuple(real.shape), real.stride(), real.dtype)  # rows padded to 40
+    with blink.trace(Net()), pytest.raises(RuntimeError, match="Float32, BFloat16 or Float16"):
+        Net()(x.double().to("meta"), w.double().to("meta"), offs.to("meta"))
+
+    p = blink.predict(mixtral, batch_size=2, seq_len=32, gpu="A100-80GB")  # fp32
+    units = _grouped(p)
+    assert units and all(u.math_mode == "fp32_simt" for u in units)  # TF32 off by default
+    assert sum(u.flops for u in units) == pytest.approx(_experts_flops(2, 32))

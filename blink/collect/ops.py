@@ -104,6 +104,15 @@ def build_op(family: str, params: Params, dtype: str, device: torch.device | str
         dim = p.get("dim", 1)
         red = torch.sum if family == "sum" else torch.mean
         return (lambda x: red(x, dim)), (t(p["rows"], p["cols"]),)
+    if family == "grouped_mm":
+        # MoE experts (transformers' grouped_mm_experts_forward): rows routed evenly over the
+        # experts, the experts' weights (E, K, N), int32 cumulative group ends.
+        e, rows = p["experts"], p["rows"]
+        ends = [(rows * (g + 1)) // e for g in range(e)]
+        offs = (torch.empty((e,), dtype=torch.int32, device=dev) if dev.type == "meta"
+                else torch.tensor(ends, dtype=torch.int32, device=dev))
+        return (lambda x, w, o: torch._grouped_mm(x, w, offs=o)), (
+            t(rows, p["k"]), t(e, p["k"], p["n"]), offs)
     raise AssertionError(family)
 
 
@@ -177,11 +186,20 @@ def _point(family: str, rng: random.Random, scale: float) -> Params:
                 "h": h, "w": h}
     if family in ("add", "mul", "gelu", "relu"):
         return {"numel": _pick(rng, *s(1024, 1 << 28), 1024)}
+    if family == "grouped_mm":
+        # K and N multiples of 8 (16-byte rows, as the kernels require); from decode-sized row
+        # counts (a few experts reached) to prefill ones (every expert busy)
+        return {"experts": rng.choice((8, 16, 32, 64, 128)), "rows": _dim(rng, *s(1, 65536)),
+                "k": 8 * max(1, _dim(rng, *s(256, 8192)) // 8),
+                "n": 8 * max(1, _dim(rng, *s(128, 8192)) // 8)}
     raise AssertionError(family)
 
 
 FAMILIES = ("mm", "bmm", "linear", "conv2d", "sdpa", "layer_norm", "rms_norm", "batch_norm",
-            "softmax", "add", "mul", "gelu", "relu", "sum", "mean")
+            "softmax", "add", "mul", "gelu", "relu", "sum", "mean", "grouped_mm")
+# Families torch runs in bf16 only (torch._grouped_mm: bf16, or fp16 with cuBLASLt's grouped
+# GEMM; its meta kernel refuses fp32).
+BF16_ONLY = ("grouped_mm",)
 
 # Bytes of one point's inputs + output, to keep sweep points inside a memory limit.
 _MAX_ELEMENTS = 1 << 30
@@ -198,6 +216,8 @@ def _elements(family: str, p: Params) -> int:
         return p["n"] * (p["c"] + p["k"]) * p["h"] * p["w"] + p["k"] * p["c"] * p["r"] ** 2
     if family == "sdpa":
         return 4 * p["b"] * p["h"] * p["s"] * p["d"]
+    if family == "grouped_mm":
+        return p["rows"] * (p["k"] + p["n"]) + p["experts"] * p["k"] * p["n"]
     if family == "batch_norm":
         return 2 * p["n"] * p["c"] * p["h"] * p["w"]
     if "numel" in p:

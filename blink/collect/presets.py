@@ -173,6 +173,8 @@ def _ops(families: dict[str, int], dtypes: list[str], *, scale: float = 1.0,
         for dtype in dtypes:
             if dtype == "tf32" and family not in _TF32_FAMILIES:
                 continue  # the same kernels as fp32
+            if dtype != "bf16" and family in _ops_module().BF16_ONLY:
+                continue
             for p in _ops_module().grid(family, n, seed=seed, scale=scale):
                 out.append(OpRun(family, tuple(sorted(p.items())), dtype))
     return out
@@ -225,7 +227,11 @@ def _h200() -> Preset:
               + _models(["builtin:gnnet"], [64], ["amp-fp16"], ["train"])
               # transformers' own activation checkpointing: backward re-runs each layer
               + [ModelRun(m, 8, 512, "bf16", "train", grad_checkpointing=True)
-                 for m in ("hf:gpt2", "hf:bert-base")])
+                 for m in ("hf:gpt2", "hf:bert-base")]
+              # a mixture of experts (64 experts, 8 per token: torch._grouped_mm), decode-sized
+              # and prefill-sized
+              + _models(["hf:olmoe-1b-7b"], [1, 8], ["bf16"], ["inference"], [512])
+              + _models(["hf:olmoe-1b-7b"], [4], ["bf16"], ["train"], [512]))
     fams = {f: 12 for f in _ops_module().FAMILIES}
     fams.update({"mm": 40, "linear": 24, "conv2d": 24, "sdpa": 24, "bmm": 16})
     fams.update({f: 8 for f in ("add", "mul", "gelu", "relu", "sum", "mean")})
