@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import blink
+from blink.cost import trace_features
 from blink.flops import trace_flops
 
 TINY_MIXTRAL = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
@@ -60,6 +61,8 @@ def test_experts_flops_and_path_follow_the_config_and_the_gpu(mixtral):
     assert any("copy a GPU value to the host" in n for n in ampere.notes)
     # the whole step's matmul FLOPs include the experts' (blink.flops uses the same rules)
     assert trace_flops(t) > _experts_flops(2, 32)
+    # every kernel of the layer has a rule (the router's histc and floor_divide included)
+    assert [r["op"] for r in trace_features(t, "H200") if not r["matched"]] == []
 
 
 def test_training_runs_each_expert_gemm_three_times(mixtral):

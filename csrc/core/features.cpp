@@ -1433,6 +1433,9 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       {"aten::max", R(K::kReduction, f_reduction, 1)},  // .other is element-wise (handled)
       {"aten::min", R(K::kReduction, f_reduction, 1)},
       {"aten::argmax", R(K::kReduction, f_reduction, 1)},
+      // cuda/SummaryOps.cu _histc_cuda: the bins zeroed, then one pass of atomic adds over the
+      // input (MoE routers count tokens per expert with it)
+      {"aten::histc", R(K::kReduction, f_reduction, 1, -1, -1, -1, 2)},
       {"aten::argmin", R(K::kReduction, f_reduction, 1)},
       {"aten::any", R(K::kReduction, f_reduction, 1)},
       {"aten::all", R(K::kReduction, f_reduction, 1)},
@@ -1495,6 +1498,7 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       {"aten::mul", R(K::kElementwise, f_elementwise, 1)},
       {"aten::div", R(K::kElementwise, f_elementwise, 1)},
       {"aten::remainder", R(K::kElementwise, f_elementwise, 2)},  // div + floor-subtract
+      {"aten::floor_divide", R(K::kElementwise, f_elementwise, 2)},  // div_floor_kernel_cuda
       {"aten::fmod", R(K::kElementwise, f_elementwise, 2)},
       {"aten::maximum", R(K::kElementwise, f_elementwise, 1)},
       {"aten::minimum", R(K::kElementwise, f_elementwise, 1)},
