@@ -152,6 +152,19 @@ _ARCH_TASK = (("ForCausalLM", "causal-lm"), ("ForMaskedLM", "masked-lm"),
               ("ForSequenceClassification", "sequence-classification"))
 
 
+def _encoder_decoder(raw: dict[str, Any]) -> bool:
+    """The config's is_encoder_decoder, or its model type's default where the file leaves it
+    out (a T5 / Switch Transformers config written by hand)."""
+    if "is_encoder_decoder" in raw:
+        return bool(raw["is_encoder_decoder"])
+    import transformers
+
+    try:
+        return bool(transformers.CONFIG_MAPPING[raw["model_type"]]().is_encoder_decoder)
+    except Exception:  # noqa: BLE001 - an unknown or unbuildable type: build_hf reports it
+        return False
+
+
 def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
     """A zoo entry for a transformers config dict (what a config.json holds)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
@@ -166,7 +179,7 @@ def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
                 task = t
                 break
     if task is None:
-        task = "seq2seq" if raw.get("is_encoder_decoder") else (
+        task = "seq2seq" if _encoder_decoder(raw) else (
             "image-classification" if "image_size" in raw and "num_channels" in raw else "base")
     from .zoo import HF_TASKS
 
@@ -184,7 +197,7 @@ def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
         raise ConfigError(f"{name}: a text model's config needs \"vocab_size\"")
     rope = "rope_theta" in raw or "rope_scaling" in raw or "rotary_dim" in raw
     limit = 0 if rope else int(raw.get("max_position_embeddings") or raw.get("n_positions") or 0)
-    kind = SEQ2SEQ if task == "seq2seq" or raw.get("is_encoder_decoder") else TEXT
+    kind = SEQ2SEQ if task == "seq2seq" or _encoder_decoder(raw) else TEXT
     return ZooEntry(name, raw["model_type"], kind, lambda: build_hf(raw), vocab_size=vocab,
                     max_seq_len=limit)
 

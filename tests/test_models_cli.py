@@ -157,6 +157,19 @@ def test_hf_config_without_sdpa_runs_eager_attention_and_bad_fields_say_so(tmp_p
         blink.predict(f"hf:{path}", batch_size=1, seq_len=16)
 
 
+def test_a_hand_written_encoder_decoder_config_gets_decoder_inputs(tmp_path):
+    # No "architectures" and no "is_encoder_decoder": T5's config class says it is one, so
+    # the model gets decoder_input_ids as transformers' T5Model.forward requires.
+    cfg = {"model_type": "t5", "d_model": 64, "d_ff": 128, "d_kv": 16, "num_layers": 2,
+           "num_heads": 4, "vocab_size": 1000}
+    path = tmp_path / "t5.json"
+    path.write_text(json.dumps(cfg))
+    t = blink.trace_model(f"hf:{path}", batch_size=2, seq_len=16)
+    mods = {op.module for op in t.ops if op.name == "aten::embedding"}
+    assert any(m and m.startswith("decoder") for m in mods)  # the decoder ran
+    assert any(m and m.startswith("encoder") for m in mods)
+
+
 def test_cli_predicts_python_file_callable(tmp_path, capsys):
     path = tmp_path / "mymodel.py"
     path.write_text(USER_FILE)
