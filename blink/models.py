@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .errors import ConfigError, UnknownModelError
-from .zoo import CUSTOM, SEQ2SEQ, TEXT, VIDEO, VISION, ZOO, ZooEntry, build_hf
+from .zoo import AUDIO, CUSTOM, SEQ2SEQ, TEXT, VIDEO, VISION, ZOO, ZooEntry, build_hf
 
 PREFIXES = ("torchvision:", "timm:", "hf:")
 
@@ -152,6 +152,23 @@ _ARCH_TASK = (("ForCausalLM", "causal-lm"), ("ForMaskedLM", "masked-lm"),
               ("ForSequenceClassification", "sequence-classification"))
 
 
+def _hf_model_class_facts(raw: dict[str, Any], task: str) -> tuple[str, Any, bool]:
+    """(the model class's main_input_name, the config class's defaults, whether the class the
+    task builds is the task's own head) for a config's model type; ("", None, True) for a
+    type transformers does not know (build_hf reports it)."""
+    import transformers
+
+    from .zoo import hf_auto_class
+
+    try:
+        cfg_cls = transformers.CONFIG_MAPPING[raw["model_type"]]
+        auto = hf_auto_class(task, cfg_cls)
+        main = str(getattr(auto._model_mapping[cfg_cls], "main_input_name", ""))
+        return main, cfg_cls(), auto is not transformers.AutoModel or task == "base"
+    except Exception:  # noqa: BLE001 - unknown or unbuildable: build_hf says why
+        return "", None, True
+
+
 def _encoder_decoder(raw: dict[str, Any]) -> bool:
     """The config's is_encoder_decoder, or its model type's default where the file leaves it
     out (a T5 / Switch Transformers config written by hand)."""
@@ -187,12 +204,38 @@ def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
         raise ConfigError(f"{name}: unknown \"_task\" {task!r}; choose one of {HF_TASKS}")
     raw["_task"] = task
     raw.pop("architectures", None)
+    main, defaults, head = _hf_model_class_facts(raw, task)
     if task == "image-classification" or ("image_size" in raw and "vocab_size" not in raw):
         size = raw.get("image_size", 224)
         size = size[0] if isinstance(size, (list, tuple)) else size
+        # a backbone with no classifier (ViT-MAE, a SigLIP vision tower) takes no labels
         return ZooEntry(name, raw["model_type"], VISION, lambda: build_hf(raw),
-                        image_size=int(size))
+                        image_size=int(size), num_classes=1000 if head else 0)
+    if main == "input_values":  # wav2vec2, HuBERT, WavLM, Data2Vec-audio ...
+        return ZooEntry(name, raw["model_type"], AUDIO, lambda: build_hf(raw),
+                        audio_input=main)
+    if main == "input_features":
+        if raw["model_type"] != "whisper":
+            raise ConfigError(
+                f"{name}: a {raw['model_type']!r} model takes input_features whose layout "
+                "Blink does not build; build the model with transformers (on the meta device) "
+                "and predict it with inputs=")
+        get = lambda k: raw.get(k, getattr(defaults, k))  # noqa: E731
+        # WhisperEncoder: two convolutions, the second of stride 2, over exactly
+        # 2 * max_source_positions frames (30 s of audio)
+        return ZooEntry(name, raw["model_type"], AUDIO, lambda: build_hf(raw),
+                        vocab_size=int(get("vocab_size")), audio_input=main,
+                        audio_shape=(int(get("num_mel_bins")),
+                                     2 * int(get("max_source_positions"))),
+                        decoder=True, max_seq_len=int(get("max_target_positions")))
     vocab = int(raw.get("vocab_size") or 0)
+    towers = sorted(k for k, v in raw.items() if k.endswith("_config") and isinstance(v, dict))
+    if vocab <= 0 and towers:
+        raise ConfigError(
+            f"{name}: a {raw['model_type']!r} model joins several towers ({', '.join(towers)}); "
+            "Blink makes the inputs of text, vision and speech models only: build the model "
+            "with transformers (on the meta device) and predict it with inputs= (for CLIP-like "
+            "models input_ids and pixel_values)")
     if vocab <= 0:
         raise ConfigError(f"{name}: a text model's config needs \"vocab_size\"")
     rope = "rope_theta" in raw or "rope_scaling" in raw or "rotary_dim" in raw

@@ -19,6 +19,7 @@ from .errors import ConfigError
 
 VISION, TEXT, SEQ2SEQ = "vision", "text", "seq2seq"
 VIDEO, CUSTOM = "video", "custom"  # CUSTOM: no defined inputs (give input_shape / inputs)
+AUDIO = "audio"  # transformers speech models: input_values (samples) or input_features (mels)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ class ZooEntry:
     num_classes: int = 1000
     # The forward's keyword names of its image inputs (VISION; torchvision's RAFT: two frames).
     image_inputs: tuple[str, ...] = ("x",)
+    # AUDIO: the input's per-sample shape ((samples,) of input_values, whose length seq_len sets;
+    # (mel bins, frames) of Whisper's input_features) and whether a decoder takes token ids.
+    audio_input: str = ""
+    audio_shape: tuple[int, ...] = ()
+    decoder: bool = False
 
 
 def _tv(fn_name: str) -> Callable[[], torch.nn.Module]:
@@ -70,14 +76,7 @@ def build_hf(raw: dict[str, Any]) -> torch.nn.Module:
     task = raw["_task"]
     fields = {k: v for k, v in raw.items() if not k.startswith("_") and k != "model_type"}
     cfg = transformers.AutoConfig.for_model(raw["model_type"], **fields)
-    auto = {
-        "causal-lm": transformers.AutoModelForCausalLM,
-        "masked-lm": transformers.AutoModelForMaskedLM,
-        "seq2seq": transformers.AutoModelForSeq2SeqLM,
-        "image-classification": transformers.AutoModelForImageClassification,
-        "sequence-classification": transformers.AutoModelForSequenceClassification,
-        "base": transformers.AutoModel,
-    }[task]
+    auto = hf_auto_class(task, type(cfg))
     try:
         try:
             # sdpa: the attention PyTorch users run on GPUs, and what blink.sdpa reroutes.
@@ -94,6 +93,27 @@ def build_hf(raw: dict[str, Any]) -> torch.nn.Module:
             f"config: {type(e).__name__}: {str(e)[:300]}. Check the config's fields (e.g. "
             "pad_token_id < vocab_size), or set \"_task\" to another head "
             f"({', '.join(HF_TASKS)})") from e
+
+
+def hf_auto_class(task: str, config_class: type) -> Any:
+    """The transformers Auto class for a task that knows this config class: the task's own, or
+    for a model its head does not cover (Whisper is no AutoModelForSeq2SeqLM, a ViT-MAE or a
+    SigLIP vision tower no image classifier) the speech seq2seq one, then the base model."""
+    import transformers
+
+    own = {
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+        "image-classification": transformers.AutoModelForImageClassification,
+        "sequence-classification": transformers.AutoModelForSequenceClassification,
+        "base": transformers.AutoModel,
+    }[task]
+    tried = [own] + ([transformers.AutoModelForSpeechSeq2Seq] if task == "seq2seq" else [])
+    for auto in (*tried, transformers.AutoModel):
+        if config_class in auto._model_mapping:
+            return auto
+    return own  # from_config names what it does support
 
 
 def _hf(config_name: str) -> Callable[[], torch.nn.Module]:
@@ -219,6 +239,8 @@ def entry_inputs(entry: ZooEntry, batch_size: int, seq_len: int | None,
         if with_labels:
             out["labels"] = torch.empty(batch_size, dtype=torch.long, device=dev)
         return out
+    if entry.kind == AUDIO:
+        return _audio_inputs(entry, batch_size, seq_len, float_dtype, with_labels=with_labels)
     if entry.kind == VISION:
         if seq_len is not None:
             raise ConfigError(f"{name} is a vision model; --seq-len does not apply to it")
@@ -226,7 +248,7 @@ def entry_inputs(entry: ZooEntry, batch_size: int, seq_len: int | None,
         keys = ("pixel_values",) if name.startswith("hf:") else entry.image_inputs
         check_input_size(name, batch_size, [shape] * len(keys), float_dtype.itemsize)
         out = {key: torch.empty(*shape, dtype=float_dtype, device=dev) for key in keys}
-        if with_labels:
+        if with_labels and entry.num_classes > 0:
             out["labels"] = torch.empty(batch_size, dtype=torch.long, device=dev)
         return out
     length = entry.default_seq_len if seq_len is None else seq_len
@@ -244,4 +266,34 @@ def entry_inputs(entry: ZooEntry, batch_size: int, seq_len: int | None,
         out["labels"] = torch.empty(batch_size, length, dtype=torch.long, device=dev)
         if entry.kind == SEQ2SEQ:
             del out["decoder_input_ids"]  # T5 derives them from the labels
+    return out
+
+
+# One second of 16 kHz audio: the default length of a speech encoder's input_values.
+DEFAULT_AUDIO_SAMPLES = 16000
+
+
+def _audio_inputs(entry: ZooEntry, batch_size: int, seq_len: int | None,
+                  float_dtype: torch.dtype, *, with_labels: bool) -> dict[str, torch.Tensor]:
+    """input_values (batch, samples: seq_len, default one second at 16 kHz) or Whisper's
+    input_features (batch, mel bins, frames: fixed by the encoder); an encoder-decoder also
+    gets decoder token ids of seq_len (with labels: labels, from which it derives them)."""
+    from .dryrun import check_input_size
+
+    dev = "meta"
+    if entry.audio_input == "input_values":
+        samples = DEFAULT_AUDIO_SAMPLES if seq_len is None else seq_len
+        shape: tuple[int, ...] = (batch_size, samples)
+    else:
+        shape = (batch_size, *entry.audio_shape)
+    check_input_size(entry.name, batch_size, [shape], float_dtype.itemsize)
+    out = {entry.audio_input: torch.empty(*shape, dtype=float_dtype, device=dev)}
+    if entry.decoder:
+        length = entry.default_seq_len if seq_len is None else seq_len
+        if entry.max_seq_len and length > entry.max_seq_len:
+            raise ConfigError(f"seq_len {length} is longer than {entry.name}'s decoder "
+                              f"({entry.max_seq_len} positions); use seq_len <= "
+                              f"{entry.max_seq_len}")
+        key = "labels" if with_labels else "decoder_input_ids"
+        out[key] = torch.empty(batch_size, length, dtype=torch.long, device=dev)
     return out

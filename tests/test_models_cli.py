@@ -304,3 +304,58 @@ def test_hf_hub_ids_and_checkout_folders(tmp_path):
     p = blink.predict(f"hf:{folder}", batch_size=1, seq_len=16)
     q = blink.predict(f"hf:{folder / 'config.json'}", batch_size=1, seq_len=16)
     assert p.time_ms == q.time_ms and p.peak_allocated_bytes == q.peak_allocated_bytes
+
+
+TINY_WAV2VEC2 = {"model_type": "wav2vec2", "hidden_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 32}
+TINY_WHISPER = {"model_type": "whisper", "d_model": 64, "encoder_layers": 2,
+                "decoder_layers": 2, "encoder_attention_heads": 4,
+                "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+                "vocab_size": 51865, "num_mel_bins": 80, "max_source_positions": 1500,
+                "max_target_positions": 448}
+
+
+def _config(tmp_path, raw: dict) -> str:
+    path = tmp_path / f"{raw['model_type']}.json"
+    path.write_text(json.dumps(raw))
+    return f"hf:{path}"
+
+
+def _input(t: blink.Trace, i: int = 0) -> tuple[int, ...]:
+    return tuple(t.meta["input_shapes"][i])
+
+
+def test_speech_models_get_audio_inputs(tmp_path):
+    # wav2vec2: raw samples, one second at 16 kHz unless seq_len says how many
+    w2v = _config(tmp_path, TINY_WAV2VEC2)
+    one, two = (blink.trace_model(w2v, batch_size=2, seq_len=s) for s in (None, 32000))
+    assert _input(one) == (2, 16000) and _input(two) == (2, 32000)
+    convs = [sum(op.name == "aten::convolution" for op in t.ops) for t in (one, two)]
+    assert convs[0] == convs[1] > 0  # the feature extractor's convolutions run
+    assert blink.predict_trace(two, gpu="H100-SXM").gpu_busy_ms > \
+        blink.predict_trace(one, gpu="H100-SXM").gpu_busy_ms
+    # Whisper: 80 mel bins x 3000 frames (the encoder takes exactly 30 s), decoder tokens of
+    # seq_len; in training labels, from which Whisper derives the decoder's inputs
+    wh = _config(tmp_path, TINY_WHISPER)
+    t = blink.trace_model(wh, batch_size=2, seq_len=32)
+    assert sorted(tuple(s) for s in t.meta["input_shapes"]) == [(2, 32), (2, 80, 3000)]
+    tr = blink.trace_model(wh, batch_size=2, seq_len=32, mode="train")
+    assert {op.phase for op in tr.ops} == {"forward", "backward", "optimizer"}
+    with pytest.raises(blink.ConfigError, match="448 positions"):
+        blink.trace_model(wh, batch_size=1, seq_len=1000)
+
+
+def test_backbones_without_a_head_and_multi_tower_models(tmp_path):
+    # ViT-MAE has no image-classification head: the base model, trained without labels
+    mae = _config(tmp_path, {"model_type": "vit_mae", "hidden_size": 64,
+                             "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "intermediate_size": 128, "image_size": 64, "patch_size": 16,
+                             "num_channels": 3})
+    t = blink.trace_model(mae, batch_size=2, mode="train")
+    assert _input(t) == (2, 3, 64, 64) and len(t.meta["input_shapes"]) == 1
+    assert any(op.phase == "backward" for op in t.ops)
+    # CLIP joins a text and a vision tower: the error says how to give both inputs
+    clip = _config(tmp_path, {"model_type": "clip", "text_config": {"hidden_size": 64},
+                              "vision_config": {"hidden_size": 64}})
+    with pytest.raises(blink.ConfigError, match="text_config, vision_config.*inputs="):
+        blink.predict(clip, batch_size=2)
