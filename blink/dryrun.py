@@ -272,6 +272,7 @@ def prepare(
     optimizer: str = "adamw",
     channels_last: bool = False,
     grad_checkpointing: bool = False,
+    kv_cache: int | None = None,
 ) -> Prepared:
     """Validate the arguments and build the meta model copy and inputs (see trace_model)."""
     for flag, value in (("channels_last", channels_last),
@@ -292,6 +293,11 @@ def prepare(
         _positive_int("batch_size", batch_size)
     if seq_len is not None:
         _positive_int("seq_len", seq_len)
+    if kv_cache is not None:
+        _positive_int("kv_cache", kv_cache)
+        if mode != "inference":
+            raise ConfigError("kv_cache predicts a generation step, which is inference; use "
+                              "mode='inference' or drop kv_cache")
 
     zoo_name = model if isinstance(model, str) else None
     made_inputs = False  # Blink made the inputs from the zoo entry (their values are its own)
@@ -363,6 +369,11 @@ def prepare(
     if mode == "inference":
         for p in net.parameters():
             p.requires_grad_(False)
+    if kv_cache is not None:
+        _check_positions(zoo_name, kwargs, kv_cache)
+        kwargs[_cache_keyword(net)] = _prefilled_cache(net, kwargs, kv_cache,
+                                                       zoo_name or type(model).__name__)
+        kwargs["use_cache"] = True
 
     if batch_size is None:  # a custom model's table shows its batch: the first input's dim 0
         first = next((v for v in (*args, *kwargs.values())
@@ -375,6 +386,7 @@ def prepare(
         "optimizer": optimizer if mode == "train" else None,
         "channels_last": channels_last,
         "grad_checkpointing": grad_checkpointing,
+        "kv_cache": kv_cache,
         "torch_version": torch.__version__,
         # The tensor inputs' shapes (the model-level correction reads an image input's side).
         "input_shapes": [list(v.shape) for v in (*args, *kwargs.values())
@@ -387,6 +399,51 @@ def prepare(
 # that checks on their values (``pad_token_id in input_ids``) have the answer an unpadded batch
 # gives on a GPU.
 _TOKEN_INPUTS = ("input_ids", "decoder_input_ids", "labels")
+
+
+def _check_positions(zoo_name: str | None, kwargs: dict[str, Any], kv_cache: int) -> None:
+    """A generation step needs a text model's token ids, and the cached plus new tokens must
+    fit its position embeddings."""
+    ids = kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise ConfigError("kv_cache needs a text model's input_ids (a transformers causal LM: "
+                          "hf: names or configs, or the model with inputs={'input_ids': ...})")
+    if zoo_name is not None:
+        limit = zoo.get_entry(zoo_name).max_seq_len
+        if limit and kv_cache + ids.shape[1] > limit:
+            raise ConfigError(f"kv_cache {kv_cache} + seq_len {ids.shape[1]} tokens exceed "
+                              f"{zoo_name}'s {limit} positions")
+
+
+# The forward's keyword for a KV cache: `cache` from transformers 5.x, `past_key_values` before.
+_CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
+def _cache_keyword(net: torch.nn.Module) -> str:
+    import inspect
+
+    params = inspect.signature(net.forward).parameters
+    return next((k for k in _CACHE_KEYWORDS if k in params), "past_key_values")
+
+
+def _prefilled_cache(net: torch.nn.Module, kwargs: dict[str, Any], kv_cache: int,
+                     label: str) -> Any:
+    """The model's own KV cache after a prompt of `kv_cache` tokens (an untraced forward on
+    meta): whatever its layers keep (full or sliding-window attention, MLA's latents, a hybrid's
+    recurrent state), as generate() hands it to the next step."""
+    ids = kwargs["input_ids"]
+    prompt = torch.empty(ids.shape[0], kv_cache, dtype=ids.dtype, device="meta")
+    try:
+        with torch.no_grad():
+            out = net(input_ids=prompt, use_cache=True)
+    except Exception as exc:  # noqa: BLE001 - the model's own failure, named
+        raise ConfigError(f"could not fill a KV cache of {kv_cache} tokens for {label}: "
+                          f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if cache is None:
+        raise ConfigError(f"{label} returned no KV cache (past_key_values) with use_cache=True; "
+                          "kv_cache applies to transformers causal LMs")
+    return cache
 
 
 def _plain_token_id(net: torch.nn.Module) -> int:
@@ -427,6 +484,7 @@ def trace_model(
     warmup: bool = False,
     channels_last: bool = False,
     grad_checkpointing: bool = False,
+    kv_cache: int | None = None,
     known_values: bool | None = None,
 ) -> Trace:
     """Dry-run an inference forward or one whole training step and return its Trace.
@@ -452,6 +510,12 @@ def trace_model(
     checkpointing first, as transformers' `gradient_checkpointing_enable()` (non-reentrant) or
     timm's `set_grad_checkpointing()` do; a ConfigError for a model with neither.
 
+    kv_cache=N (inference, transformers causal LMs) traces a generation step: `seq_len` new
+    tokens (1: one decode step) per sequence after N tokens already in the model's own KV cache
+    (filled by an untraced meta forward of N tokens). The cache is resident as an input; the
+    layers the step replaces with longer ones (DynamicCache's torch.cat) are released, as on a
+    GPU.
+
     known_values: whether to follow tensors of known values and answer .item() on them
     (blink.known_values); None (default) does so only to retry a trace that failed on .item(),
     as that mode sends every op through Python.
@@ -459,7 +523,7 @@ def trace_model(
     run = dict(input_shape=input_shape, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
                mode=mode, optimizer=optimizer, gpu=gpu, loss_fn=loss_fn, nonzero=nonzero,
                first_step=first_step, warmup=warmup, channels_last=channels_last,
-               grad_checkpointing=grad_checkpointing)
+               grad_checkpointing=grad_checkpointing, kv_cache=kv_cache)
     if known_values is not None:
         return _trace_once(model, inputs, known_values, **run)
     try:
@@ -491,17 +555,31 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
         if opt is not None:
             _prime_optimizer_state(opt)
     p.meta["first_step"] = bool(first_step) if mode == "train" else None
-    resident = {"inputs": _tensors((p.args, p.kwargs, p.labels)),
+    key = next((k for k in _CACHE_KEYWORDS if p.meta.get("kv_cache") and k in p.kwargs), None)
+    plain = {k: v for k, v in p.kwargs.items() if k != key}
+    resident = {"inputs": _tensors((p.args, plain, p.labels)),
                 "optimizer_state": _tensors(list(opt.state.values())) if opt is not None else []}
+    pristine = copy.deepcopy(p.kwargs[key]) if key is not None else None
+
+    def resident_now() -> dict[str, list[torch.Tensor]]:
+        # the cache's layers only as the trace's own (released) list: see Trace
+        if key is None:
+            return resident
+        return {**resident, "kv_cache": _tensors(p.kwargs[key])}
+
     try:
         if warmup:
-            with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta, resident=resident):
+            with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta, resident=resident_now()):
                 execute(p, loss_fn=loss_fn, optimizer=opt)
             # The warm-up must not change the state the kept step starts from: without an
-            # optimizer (which zeroes them) its gradients would be resident in the kept trace.
+            # optimizer (which zeroes them) its gradients would be resident in the kept trace,
+            # and a KV cache would have grown by its tokens.
             for param in p.net.parameters():
                 param.grad = None
-        with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta, resident=resident) as result:
+            if key is not None:
+                p.kwargs[key] = copy.deepcopy(pristine)
+        with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta,
+                   resident=resident_now()) as result:
             execute(p, loss_fn=loss_fn, optimizer=opt)
         if known_values:
             result.meta["items_answered"] = p.items_answered
@@ -515,9 +593,14 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
-    """The tensors in nested tuples / lists / dicts, in order."""
+    """The tensors in nested tuples / lists / dicts (and a transformers KV cache's layers), in
+    order."""
     if isinstance(value, torch.Tensor):
         return [value]
+    layers = getattr(value, "layers", None)
+    if type(value).__name__.endswith("Cache") and isinstance(layers, list):
+        return [t for layer in layers for t in vars(layer).values()
+                if isinstance(t, torch.Tensor)]
     if isinstance(value, Mapping):
         value = list(value.values())
     if isinstance(value, (list, tuple)):

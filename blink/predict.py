@@ -131,6 +131,7 @@ class Prediction:
     compiled: bool = False  # costed as torch.compile (Inductor) would run it, see blink.compile
     channels_last: bool = False  # the model and its 4-D inputs ran channels-last (NHWC)
     grad_checkpointing: bool = False  # the model's own activation checkpointing was on
+    kv_cache: int | None = None  # a generation step after this many tokens in the KV cache
 
     # -- breakdowns ------------------------------------------------------------------------
     @property
@@ -230,6 +231,7 @@ class Prediction:
         mode = f"{self.mode}, compiled" if self.compiled else self.mode
         mode += ", channels-last" if self.channels_last else ""
         mode += ", grad checkpointing" if self.grad_checkpointing else ""
+        mode += f", {self.kv_cache} cached tokens" if self.kv_cache else ""
         head = [
             f"blink predict: {self.model} on {self.gpu} ({mode}, {self.dtype}, "
             f"batch {batch}{'' if self.seq_len is None else f', seq {self.seq_len}'})",
@@ -801,6 +803,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         memory_curve=_memory_curve(mem["curve"], timeline), compiled=compiled,
         channels_last=bool(t.meta.get("channels_last", False)), predictor=used_predictor,
         grad_checkpointing=bool(t.meta.get("grad_checkpointing", False)),
+        kv_cache=t.meta.get("kv_cache"),
     )
 
 
@@ -825,6 +828,7 @@ def predict(
     predictor: str = "auto",
     channels_last: bool = False,
     grad_checkpointing: bool = False,
+    kv_cache: int | None = None,
 ) -> Prediction:
     """Predict time and memory of `model` on `gpu` without running it there.
 
@@ -843,6 +847,8 @@ def predict(
     grad_checkpointing=True predicts a training step with the model's own activation
     checkpointing switched on (transformers' gradient_checkpointing_enable, timm's
     set_grad_checkpointing; on Blink's copy, never on `model`).
+    kv_cache=N predicts a generation step: `seq_len` new tokens (1: a decode step) per sequence
+    after N tokens in the model's own KV cache (transformers causal LMs; see trace_model).
     """
     if predictor not in PREDICTORS:
         raise ConfigError(f"predictor {predictor!r} is not one of {', '.join(PREDICTORS)}")
@@ -855,7 +861,7 @@ def predict(
                     seq_len=seq_len, dtype=dtype, mode=mode, optimizer=optimizer,
                     gpu=spec.name, loss_fn=loss_fn, nonzero=nonzero, first_step=first_step,
                     warmup=host_time != "table", channels_last=channels_last,
-                    grad_checkpointing=grad_checkpointing)
+                    grad_checkpointing=grad_checkpointing, kv_cache=kv_cache)
     return predict_trace(t, spec.name, expandable_segments=expandable_segments,
                          host_time=host_time, memory_budget=memory_budget, compiled=compiled,
                          predictor=predictor)

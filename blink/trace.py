@@ -305,6 +305,8 @@ class Trace:
         """Peak of the bytes held by storages the trace allocated (no caching, no rounding)."""
         live = peak = 0
         for ev in self.allocations:
+            if ev.storage < 0:  # a resident storage released (a KV cache layer): not counted
+                continue
             live += -ev.nbytes if ev.is_free else ev.nbytes
             peak = max(peak, live)
         return peak
@@ -502,10 +504,12 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
         self._stack: list[str] = []
         # Tensors that exist before the run, by role ("inputs", "optimizer_state"); the model's
         # parameters and buffers are "weights". Registered first, so the memory breakdown
-        # knows which resident storage is which (RESIDENT_ROLES).
+        # knows which resident storage is which (RESIDENT_ROLES). "kv_cache": inputs the run
+        # may release (a KV cache's layers), not held by the trace.
         for role in resident or {}:
-            if role not in RESIDENT_ROLES:
-                raise BlinkError(f"unknown resident role {role!r}; use one of {RESIDENT_ROLES}")
+            if role not in (*RESIDENT_ROLES, "kv_cache"):
+                raise BlinkError(f"unknown resident role {role!r}; use one of "
+                                 f"{(*RESIDENT_ROLES, 'kv_cache')}")
         self._resident = dict(resident or {})
 
     def __enter__(self) -> Trace:
@@ -530,13 +534,17 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
         if self._model is not None:
             groups.append(("weights", [*self._model.parameters(), *self._model.buffers()]))
         groups += list(self._resident.items())
+        # A KV cache's layers are inputs the model replaces with longer ones as it runs: watched
+        # (their release is recorded) and not held here, so that they can be released.
+        self._resident.pop("kv_cache", None)
         runs: list[list[Any]] = []
         count = 0
-        for role, tensors in groups:
+        for group, tensors in groups:
+            role = "inputs" if group == "kv_cache" else group
             for t in tensors:
                 if not isinstance(t, torch.Tensor) or t.device.type != "meta":
                     continue
-                sid = _C.tracer_register_external(t)
+                sid = _C.tracer_register_external(t, watch=group == "kv_cache")
                 if sid == -(count + 1):  # a new resident storage (tied weights share one)
                     count += 1
                     if runs and runs[-1][0] == role:

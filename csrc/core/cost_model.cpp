@@ -404,6 +404,7 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
   };
   // Storage ids for the simulator: resident ones are negative in the trace; keep them apart.
   int64_t next_resident = -1;
+  std::unordered_map<int64_t, int64_t> resident_sim;  // trace id < 0 -> simulator id
   // Records the first failed malloc; the caller stops replaying (the real run raised there).
   auto failed = [&](int64_t op, int64_t bytes, bool resident) {
     out.oom = true;
@@ -427,6 +428,7 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
       }
     }
     out.resident_bytes += e.nbytes;
+    resident_sim[e.storage] = next_resident;
     if (!on_malloc(next_resident--, e.nbytes, cat)) return failed(-1, e.nbytes, true);
   }
   // Find scratch: allocated and freed under the same kernel op. Also where each storage is
@@ -494,7 +496,11 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
       workspace_done = true;
     }
     if (scratch.count(a.storage) || skipped.count(a.storage)) continue;
-    if (a.is_free) {
+    if (a.is_free && a.storage < 0) {
+      // A resident storage the run released (a KV cache layer replaced by a longer one).
+      auto r = resident_sim.find(a.storage);
+      if (r != resident_sim.end()) on_free(r->second);
+    } else if (a.is_free) {
       on_free(a.storage);
     } else if (!on_malloc(a.storage, a.nbytes, static_cast<int>(category_of(a)))) {
       ++out.events;
@@ -591,10 +597,18 @@ void validate_trace(const TraceData& trace) {
       }
     }
   }
-  std::unordered_set<int64_t> live, seen;
+  std::unordered_set<int64_t> live, seen, resident_ids, resident_freed;
+  for (const ExternalStorage& e : trace.externals) resident_ids.insert(e.storage);
   for (size_t i = 0; i < trace.allocs.size(); ++i) {
     const AllocRecord& a = trace.allocs[i];
     const std::string at = where("storage event", i);
+    if (a.storage < 0) {
+      // The release of a resident storage (tracer register_external(watch)): once, a free.
+      BLINK_CHECK(a.is_free && resident_ids.count(a.storage) && resident_freed.insert(a.storage).second,
+                  at + ": resident storage " + std::to_string(a.storage) +
+                      " must be a known resident id, freed at most once");
+      continue;
+    }
     BLINK_CHECK(a.storage > 0, at + ": storage id " + std::to_string(a.storage) + " (must be > 0)");
     BLINK_CHECK(a.nbytes >= 0 && a.nbytes <= kMaxBytes,
                 at + ": impossible size " + std::to_string(a.nbytes) + " bytes");

@@ -784,7 +784,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Stop recording and return the raw trace (a RawTrace).");
   m.def("tracer_active", &tracer::active);
   m.def("tracer_register_external", &tracer::register_external, py::arg("tensor"),
-        "Give a pre-existing tensor its resident storage id now; returns the id.");
+        py::arg("watch") = false,
+        "Give a pre-existing tensor its resident storage id now; returns the id. watch: record "
+        "a free of it if the run releases it.");
   m.def("fused_kernel_time_s", &fused_kernel_time_s, py::arg("bytes"), py::arg("flops"),
         py::arg("gpu"), "GPU time of one fused memory-bound (Triton) kernel.");
   m.def("compiled_launch_s", []() { return kCompiledLaunchS; });

@@ -9,6 +9,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -78,6 +79,14 @@ struct Session {
     c10::weak_intrusive_ptr<c10::StorageImpl> keep;
   };
   std::unordered_map<const void*, External> externals;
+  // Resident storages the run may release (register_external(watch)): their last owner can be
+  // the model's own state, so the free is seen as the weak reference expiring.
+  struct Watched {
+    int64_t id;
+    int64_t nbytes;
+    c10::weak_intrusive_ptr<c10::StorageImpl> keep;
+  };
+  std::vector<Watched> watched;
   std::unordered_map<int64_t, int32_t> seq_module;     // autograd seq nr -> module
   std::unordered_map<const void*, bool> is_kernel;      // schema name ptr -> has a CUDA kernel
   bool record_all = false;
@@ -264,6 +273,25 @@ bool is_transparent(const Session& s, const ThreadState& ts, const at::RecordFun
                      base_name(fn.name())) == 0;
 }
 
+// Records the free of each watched resident storage released since the last check, at `op`.
+// Caller holds s.mu.
+void check_watched(Session& s, int64_t op, int32_t thread) {
+  for (size_t i = 0; i < s.watched.size();) {
+    if (!s.watched[i].keep.expired()) {
+      ++i;
+      continue;
+    }
+    AllocRecord rec;
+    rec.storage = s.watched[i].id;
+    rec.nbytes = s.watched[i].nbytes;
+    rec.op = op;
+    rec.is_free = true;
+    rec.thread = thread;
+    s.data.allocs.push_back(rec);
+    s.watched.erase(s.watched.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+}
+
 int64_t since_start_ns(const Session& s) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
                                                               s.t0)
@@ -334,6 +362,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (is_backward_fn || ts.backward_depth > 0) phase = Phase::kBackward;
 
   std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.watched.empty()) check_watched(s, parent, ts.thread);
   const bool python_mode = std::strcmp(fn.name(), kPythonMode) == 0;
   if (is_transparent(s, ts, fn, python_mode)) {
     Frame frame{parent, module, false, false};
@@ -564,7 +593,7 @@ void pop_module() {
 
 void set_phase(Phase phase) { g_phase.store(static_cast<uint8_t>(phase)); }
 
-int64_t register_external(const at::Tensor& t) {
+int64_t register_external(const at::Tensor& t, bool watch) {
   std::lock_guard<std::mutex> guard(g_session_mu);
   Session* s = g_session;
   BLINK_CHECK(s != nullptr, "no blink trace is running");
@@ -572,6 +601,14 @@ int64_t register_external(const at::Tensor& t) {
   TensorInfo info;
   info.device_type = static_cast<int8_t>(t.device().type());
   storage_of(*s, t, info);
+  if (watch && info.storage < 0 && t.has_storage()) {
+    const bool known = std::any_of(s->watched.begin(), s->watched.end(),
+                                   [&](const Session::Watched& w) { return w.id == info.storage; });
+    if (!known) {
+      s->watched.push_back(Session::Watched{info.storage, info.storage_nbytes,
+                                            t.storage().getWeakStorageImpl()});
+    }
+  }
   return info.storage;
 }
 

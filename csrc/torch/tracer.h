@@ -37,8 +37,10 @@ void set_phase(Phase phase);
 // Gives a tensor that exists before the run (a weight, an input, optimizer state) its external
 // storage id now, in call order (-1, -2, ...), so the caller knows which id holds what even if
 // no op touches it; a resident storage is resident whether or not an op reads it. Returns the
-// id (0 for a tensor without storage; > 0 for one the recording allocator made).
-int64_t register_external(const at::Tensor& t);
+// id (0 for a tensor without storage; > 0 for one the recording allocator made). watch: the
+// run may drop it (a KV cache layer the model replaces with a longer one): when its storage is
+// released during the trace, a free of its id is recorded at the op running then.
+int64_t register_external(const at::Tensor& t, bool watch = false);
 
 // The innermost op that was unwinding an exception, if any (for error messages).
 Failure last_failure();
