@@ -426,6 +426,18 @@ def _cache_keyword(net: torch.nn.Module) -> str:
     return next((k for k in _CACHE_KEYWORDS if k in params), "past_key_values")
 
 
+def cache_keyword(p: Prepared) -> str | None:
+    """The keyword of a kv_cache run's KV cache input (None for other runs)."""
+    if not p.meta.get("kv_cache"):
+        return None
+    return next((k for k in _CACHE_KEYWORDS if k in p.kwargs), None)
+
+
+def cache_tensors(cache: object) -> list[torch.Tensor]:
+    """A transformers KV cache's tensors (each layer's keys, values, ...)."""
+    return _tensors(cache)
+
+
 def _prefilled_cache(net: torch.nn.Module, kwargs: dict[str, Any], kv_cache: int,
                      label: str) -> Any:
     """The model's own KV cache after a prompt of `kv_cache` tokens (an untraced forward on
@@ -555,7 +567,7 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
         if opt is not None:
             _prime_optimizer_state(opt)
     p.meta["first_step"] = bool(first_step) if mode == "train" else None
-    key = next((k for k in _CACHE_KEYWORDS if p.meta.get("kv_cache") and k in p.kwargs), None)
+    key = cache_keyword(p)
     plain = {k: v for k, v in p.kwargs.items() if k != key}
     resident = {"inputs": _tensors((p.args, plain, p.labels)),
                 "optimizer_state": _tensors(list(opt.state.values())) if opt is not None else []}
@@ -565,7 +577,7 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
         # the cache's layers only as the trace's own (released) list: see Trace
         if key is None:
             return resident
-        return {**resident, "kv_cache": _tensors(p.kwargs[key])}
+        return {**resident, "kv_cache": cache_tensors(p.kwargs[key])}
 
     try:
         if warmup:

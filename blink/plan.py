@@ -648,6 +648,9 @@ def _common_args(p: Any, dtype_repeat: bool = False) -> None:
     p.add_argument("--mode", choices=["inference", "train"], default="inference")
     p.add_argument("--grad-checkpointing", action="store_true",
                    help="train with the model's own activation checkpointing on")
+    p.add_argument("--kv-cache", type=int, default=None, metavar="TOKENS",
+                   help="a generation step: --seq-len new tokens after TOKENS in the KV cache "
+                        "(transformers causal LMs, inference)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write JSON instead of the table (to PATH, or stdout without one)")
 
@@ -680,7 +683,8 @@ def _cmd_optimize_batch(a: Any) -> int:
         raise ConfigError(f"--plot must name a .png or .svg file, got {a.plot!r}")
     s = optimize_batch(a.model, gpu=a.gpu, batch_sizes=sizes, memory_budget=a.budget,
                        mode=a.mode, dtype=a.dtype, seq_len=a.seq_len, safety_margin=a.margin,
-                       max_batch=a.max_batch, grad_checkpointing=a.grad_checkpointing)
+                       max_batch=a.max_batch, grad_checkpointing=a.grad_checkpointing,
+                       kv_cache=a.kv_cache)
     _write(a, s)
     if a.plot:
         s.plot(a.plot)
@@ -699,6 +703,6 @@ def _names(values: list[str] | None, default: str) -> list[str]:
 def _cmd_compare(a: Any) -> int:
     c = compare(a.models, _names(a.gpu, "H200"), _names(a.dtype, "fp32"), batch_size=a.batch_size,
                 mode=a.mode, seq_len=a.seq_len, memory_budget=a.budget,
-                grad_checkpointing=a.grad_checkpointing)
+                grad_checkpointing=a.grad_checkpointing, kv_cache=a.kv_cache)
     _write(a, c)
     return 0

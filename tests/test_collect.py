@@ -330,6 +330,29 @@ def test_h200_preset_measures_transformers_grad_checkpointing():
     w.release()
 
 
+def test_h200_preset_measures_decode_steps():
+    # A decode step after 2,048 cached tokens: the dry run releases the cache layers the step
+    # replaces; the real (here CPU) run fills the model's own cache with a real prompt and every
+    # call starts from the same length.
+    from blink.collect.presets import ModelRun
+    from blink.collect.protocol import ModelWorkload, Protocol
+
+    h200 = get_preset("h200").configs()
+    assert ModelRun("hf:llama-1b", 32, 1, "bf16", "inference", kv_cache=2048) in h200
+    cfg = ModelRun("hf:gpt2", 2, 1, "fp32", "inference", kv_cache=64)
+    assert run_id(cfg) != run_id(ModelRun("hf:gpt2", 2, 1, "fp32", "inference"))
+    w = ModelWorkload(cfg, Protocol())
+    t = w.dry_run("H200")
+    assert sum(a.storage < 0 and a.is_free for a in t.allocations) == 2 * 12  # keys, values
+    call = w.materialize(torch.device("cpu"), seed=0)
+    for _ in range(3):
+        call()
+        cache = w._real.kwargs.get("cache", w._real.kwargs.get("past_key_values"))
+        assert cache.get_seq_length() == 64
+    assert w.row_fields()["kv_cache"] == 64
+    w.release()
+
+
 def test_shape_keys_agree():
     raw = [(1, ((8, 3), (3, 1), 0, 1, 96, 6, 14, False)), (4, 2),
            (2, [((4,), (1,), 0, 2, 16, 6, 14, False), None]), (8, [1, 2])]

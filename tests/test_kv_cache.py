@@ -79,3 +79,12 @@ def test_a_saved_decode_trace_replays_the_same(llama, tmp_path):
     again = blink.Trace.from_json(path)
     a, b = (blink.predict_trace(x, gpu="H100-SXM") for x in (t, again))
     assert (a.time_ms, a.peak_allocated_bytes) == (b.time_ms, b.peak_allocated_bytes)
+
+
+def test_plan_decode_batches(llama, capsys):
+    # how many sequences fit at a context: the cache grows with the batch
+    assert main(["optimize-batch", llama, "--seq-len", "1", "--kv-cache", "1024", "--dtype",
+                 "bf16", "--batch-sizes", "1,8", "--json", "-"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    one, eight = (r["peak_allocated_bytes"] for r in rows)
+    assert eight - one >= 7 * _cache_bytes(1024) // B

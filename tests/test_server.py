@@ -95,6 +95,17 @@ def test_predict_a_transformers_config_sent_as_json(server):
     status, _, body = post(server, "/predict", {"model": "torchvision:resnet18", "batch_size": 2,
                                                 "grad_checkpointing": True})
     assert status == 422 and b"mode='train'" in body
+    # a decode step after 128 cached tokens: its cache is resident, and a vision model has none
+    status, _, body = post(server, "/predict", {"model": cfg, "batch_size": 2, "seq_len": 1,
+                                                "dtype": "bf16", "kv_cache": 128})
+    assert status == 200, body
+    dec = _json(body)
+    assert dec["kv_cache"] == 128 and dec["seq_len"] == 1
+    cache = 2 * cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * 128 * 32 * 2
+    assert dec["resident_bytes"] >= n * 2 + cache
+    status, _, body = post(server, "/predict", {"model": "torchvision:resnet18", "batch_size": 2,
+                                                "kv_cache": 128})
+    assert status == 422 and b"input_ids" in body
 
 
 @pytest.mark.parametrize("task,cfg,extra", [

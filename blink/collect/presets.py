@@ -37,6 +37,7 @@ class ModelRun:
     mode: str = "inference"  # inference | train
     optimizer: str = "adamw"
     grad_checkpointing: bool = False  # the model's own activation checkpointing (train)
+    kv_cache: int | None = None  # a generation step after this many cached tokens (inference)
 
     kind = "model"
 
@@ -46,12 +47,15 @@ class ModelRun:
                "optimizer": self.optimizer if self.mode == "train" else None}
         if self.grad_checkpointing:  # (absent otherwise: earlier runs keep their ids)
             out["grad_checkpointing"] = True
+        if self.kv_cache:
+            out["kv_cache"] = self.kv_cache
         return out
 
     def describe(self) -> str:
         seq = f" s={self.seq_len}" if self.seq_len else ""
         ckpt = " ckpt" if self.grad_checkpointing else ""
-        return f"{self.model} b={self.batch_size}{seq} {self.dtype} {self.mode}{ckpt}"
+        kv = f" kv={self.kv_cache}" if self.kv_cache else ""
+        return f"{self.model} b={self.batch_size}{seq}{kv} {self.dtype} {self.mode}{ckpt}"
 
 
 @dataclass(frozen=True)
@@ -231,7 +235,10 @@ def _h200() -> Preset:
               # a mixture of experts (64 experts, 8 per token: torch._grouped_mm), decode-sized
               # and prefill-sized
               + _models(["hf:olmoe-1b-7b"], [1, 8], ["bf16"], ["inference"], [512])
-              + _models(["hf:olmoe-1b-7b"], [4], ["bf16"], ["train"], [512]))
+              + _models(["hf:olmoe-1b-7b"], [4], ["bf16"], ["train"], [512])
+              # decode steps: one token after 2,048 in transformers' DynamicCache
+              + [ModelRun(m, b, 1, "bf16", "inference", kv_cache=2048)
+                 for m in ("hf:llama-1b", "hf:olmoe-1b-7b") for b in (1, 32)])
     fams = {f: 12 for f in _ops_module().FAMILIES}
     fams.update({"mm": 40, "linear": 24, "conv2d": 24, "sdpa": 24, "bmm": 16})
     fams.update({f: 8 for f in ("add", "mul", "gelu", "relu", "sum", "mean")})

@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -31,6 +32,8 @@ from ..dryrun import (
     DTYPES,
     Prepared,
     asks_for_values,
+    cache_keyword,
+    cache_tensors,
     enable_grad_checkpointing,
     execute,
     make_optimizer,
@@ -154,7 +157,7 @@ class ModelWorkload(Workload):
             return p
         return prepare(c.model, batch_size=c.batch_size, seq_len=c.seq_len, dtype=c.dtype,
                        mode=c.mode, optimizer=c.optimizer,
-                       grad_checkpointing=c.grad_checkpointing)
+                       grad_checkpointing=c.grad_checkpointing, kv_cache=c.kv_cache)
 
     def dry_run(self, gpu: str) -> Trace:
         try:
@@ -173,7 +176,14 @@ class ModelWorkload(Workload):
         opt = make_optimizer(p)
         if opt is not None:
             execute(p, optimizer=opt)  # steady state: the optimizer state exists
-        with trace(p.net, gpu=gpu, meta=p.meta) as t:
+        key = cache_keyword(p)
+        resident = {}
+        if key is not None:
+            # the step grows the cache: start from a copy, whose layers the step releases
+            p.kwargs[key] = copy.deepcopy(p.kwargs[key])
+            resident = {"kv_cache": cache_tensors(p.kwargs[key])}
+        with trace(p.net, gpu=gpu, meta=p.meta, resident=resident) as t:
+            del resident
             execute(p, optimizer=opt)
         return t
 
@@ -218,12 +228,30 @@ class ModelWorkload(Workload):
                      for a in m.args)
         labels = None if m.labels is None else _random_like(m.labels, device, gen,
                                                             self._int_high("labels"))
+        key = cache_keyword(m)
+        if key is not None:
+            # a real prompt of kv_cache random tokens fills the model's own cache on the device
+            ids = kwargs["input_ids"]
+            prompt = torch.randint(0, max(self._int_high("input_ids"), 1),
+                                   (ids.shape[0], int(c.kv_cache or 0)), device=device,
+                                   generator=gen)
+            with torch.no_grad():
+                out = net(input_ids=prompt, use_cache=True)
+            kwargs[key] = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+            del out
         self._real = Prepared(net, args, kwargs, labels, m.meta, m.amp_dtype)
         self._opt = make_optimizer(self._real)
         real, opt = self._real, self._opt
 
         def call(on_phase: Callable[[int], None] | None = None) -> None:
             execute(real, optimizer=opt, on_phase=on_phase)
+            if key is not None:
+                # every step starts from kv_cache tokens (crop(-n) drops the last n, in
+                # transformers 4.x and 5.x alike)
+                cache = real.kwargs[key]
+                grown = int(cache.get_seq_length()) - int(c.kv_cache or 0)
+                if grown > 0:
+                    cache.crop(-grown)
 
         return call
 
@@ -236,7 +264,7 @@ class ModelWorkload(Workload):
         return {"model": c.model, "family": self.meta.meta.get("family"),
                 "batch_size": c.batch_size, "seq_len": c.seq_len, "dtype": c.dtype,
                 "mode": c.mode, "optimizer": c.optimizer if c.mode == "train" else None,
-                "grad_checkpointing": c.grad_checkpointing}
+                "grad_checkpointing": c.grad_checkpointing, "kv_cache": c.kv_cache}
 
 
 class OpWorkload(Workload):

@@ -307,20 +307,20 @@ def create_app(limits: Limits | None = None, *, history_path: str | None = None,
     def predict_one(target: Any, task: str, *, batch_size: int, seq_len: int | None,
                     dtype: str, mode: str, gpu: str, budget: int | None, optimizer: str,
                     input_shape: list[int] | None, expandable: bool = False,
-                    grad_checkpointing: bool = False) -> Any:
+                    grad_checkpointing: bool = False, kv_cache: int | None = None) -> Any:
         model, extra, label = resolve(target, task, input_shape)
         if not isinstance(model, str):
             inputs = config_inputs(model, batch_size, seq_len, DTYPES[dtype][0], mode == "train")
             p = predict(model.module, inputs, dtype=dtype, mode=mode, gpu=gpu,
                         memory_budget=budget, optimizer=optimizer,
                         expandable_segments=expandable, host_time=HOST_TIME,
-                        grad_checkpointing=grad_checkpointing)
+                        grad_checkpointing=grad_checkpointing, kv_cache=kv_cache)
             p.model, p.batch_size, p.seq_len = label, batch_size, seq_len
             return p
         return predict(model, batch_size=batch_size, seq_len=seq_len, dtype=dtype, mode=mode,
                        gpu=gpu, memory_budget=budget, optimizer=optimizer,
                        expandable_segments=expandable, host_time=HOST_TIME,
-                       grad_checkpointing=grad_checkpointing, **extra)
+                       grad_checkpointing=grad_checkpointing, kv_cache=kv_cache, **extra)
 
     def guarded(fn: Callable[[], bytes]) -> Callable[[], bytes]:
         def run() -> bytes:
@@ -375,14 +375,14 @@ def create_app(limits: Limits | None = None, *, history_path: str | None = None,
         key.update(gpu=gpu, dtype=dtype, batch_size=req.batch_size, seq_len=req.seq_len,
                    mode=req.mode, optimizer=req.optimizer, memory_budget=budget,
                    input_shape=req.input_shape, expandable_segments=req.expandable_segments,
-                   grad_checkpointing=req.grad_checkpointing)
+                   grad_checkpointing=req.grad_checkpointing, kv_cache=req.kv_cache)
 
         def work() -> bytes:
             p = predict_one(target, req.task, batch_size=req.batch_size, seq_len=req.seq_len,
                             dtype=dtype, mode=req.mode, gpu=gpu, budget=budget,
                             optimizer=req.optimizer, input_shape=req.input_shape,
                             expandable=req.expandable_segments,
-                            grad_checkpointing=req.grad_checkpointing)
+                            grad_checkpointing=req.grad_checkpointing, kv_cache=req.kv_cache)
             history.add(p)
             return p.to_json().encode()
 

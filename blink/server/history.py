@@ -18,9 +18,11 @@ def default_history_path() -> str:
     return os.path.join(base, "blink", "history.json")
 
 
-def _mode(mode: Any, grad_checkpointing: Any) -> Any:
-    """A run's mode, marked when its activation checkpointing was on (another configuration)."""
-    return f"{mode}+grad_checkpointing" if grad_checkpointing else mode
+def _mode(mode: Any, grad_checkpointing: Any, kv_cache: Any = None) -> Any:
+    """A run's mode, marked when its activation checkpointing was on or it was a generation step
+    after cached tokens (other configurations)."""
+    out = f"{mode}+grad_checkpointing" if grad_checkpointing else mode
+    return f"{out}+kv_cache={int(kv_cache)}" if kv_cache else out
 
 
 def _config_key(model: Any, batch: Any, seq: Any, dtype: Any, mode: Any, gpu: Any) -> str:
@@ -70,7 +72,8 @@ class History:
                 if r.get("time_median_s") is None:
                     continue
                 key = _config_key(r["model"], r["batch_size"], r["seq_len"], r["dtype"],
-                                  _mode(r["mode"], r.get("grad_checkpointing")),
+                                  _mode(r["mode"], r.get("grad_checkpointing"),
+                                        r.get("kv_cache")),
                                   r["feature_gpu"])
                 self._measured[key] = {
                     "dataset": path, "run_id": r["run_id"], "device": r.get("device"),
@@ -93,7 +96,8 @@ class History:
         entry = {
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "model": p.model,
             "gpu": p.gpu, "dtype": p.dtype,
-            "mode": _mode(p.mode, getattr(p, "grad_checkpointing", False)),
+            "mode": _mode(p.mode, getattr(p, "grad_checkpointing", False),
+                          getattr(p, "kv_cache", None)),
             "batch_size": p.batch_size,
             "seq_len": p.seq_len, "time_ms": p.time_ms,
             "peak_reserved_bytes": p.peak_reserved_bytes, "nvidia_smi_bytes": p.nvidia_smi_bytes,

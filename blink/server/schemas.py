@@ -59,6 +59,9 @@ class Schemas:
         class PredictRequest(Common):
             batch_size: Batch
             expandable_segments: bool = False
+            kv_cache: SeqLen | None = Field(
+                None, description="a generation step: seq_len new tokens after this many in "
+                                  "the model's KV cache (causal LMs, inference)")
 
         class OptimizeBatchRequest(Common):
             batch_sizes: list[Batch] | None = Field(
