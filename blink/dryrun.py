@@ -571,7 +571,8 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
     plain = {k: v for k, v in p.kwargs.items() if k != key}
     resident = {"inputs": _tensors((p.args, plain, p.labels)),
                 "optimizer_state": _tensors(list(opt.state.values())) if opt is not None else []}
-    pristine = copy.deepcopy(p.kwargs[key]) if key is not None else None
+    # the warm-up grows the cache: the kept step starts from a copy of it as it was
+    pristine = copy.deepcopy(p.kwargs[key]) if key is not None and warmup else None
 
     def resident_now() -> dict[str, list[torch.Tensor]]:
         # the cache's layers only as the trace's own (released) list: see Trace
@@ -589,7 +590,7 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
             for param in p.net.parameters():
                 param.grad = None
             if key is not None:
-                p.kwargs[key] = copy.deepcopy(pristine)
+                p.kwargs[key] = pristine
         with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta,
                    resident=resident_now()) as result:
             execute(p, loss_fn=loss_fn, optimizer=opt)
