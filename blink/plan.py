@@ -346,9 +346,11 @@ class BatchSweep(_Report):
     best: Probe | None           # highest throughput among the rows that fit
     max_batch_size: int | None   # from the search (None when batch_sizes were given)
     notes: list[str] = field(default_factory=list)
+    kv_cache: int | None = None  # generation steps after this many cached tokens
 
     def table(self) -> str:
         seq = "" if self.seq_len is None else f", seq {self.seq_len}"
+        seq += f", {self.kv_cache} cached tokens" if self.kv_cache else ""
         lines = [
             f"blink optimize-batch: {self.model} on {self.gpu} ({self.mode}, {self.dtype}{seq})",
             f"  budget {_fmt_bytes(self.budget_bytes)} less {100 * self.safety_margin:.0f}% "
@@ -418,7 +420,7 @@ def optimize_batch(
                       key=lambda p: p.batch_size)
         return BatchSweep(s.model, s.gpu, s.mode, s.dtype, s.seq_len, s.budget_bytes,
                           s.usable_bytes, margin, s.context_bytes, rows, _best(rows),
-                          s.batch_size, list(s.notes))
+                          s.batch_size, list(s.notes), trace_kwargs.get("kv_cache"))
     if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence) or not (
             batch_sizes):
         raise ConfigError(f"batch_sizes must be a non-empty list of positive integers, got "
@@ -437,7 +439,8 @@ def optimize_batch(
     rows = [_probe(p) for p in preds]
     p0 = preds[0]
     return BatchSweep(p0.model, gpu_name, p0.mode, p0.dtype, p0.seq_len, budget, usable, margin,
-                      CUDA_CONTEXT_BYTES, rows, _best(rows), None)
+                      CUDA_CONTEXT_BYTES, rows, _best(rows), None,
+                      kv_cache=trace_kwargs.get("kv_cache"))
 
 
 def plot_sweep(sweep: BatchSweep, path: str) -> str:
@@ -515,9 +518,11 @@ class Comparison(_Report):
     batch_size: int
     seq_len: int | None
     rows: list[CompareRow]
+    kv_cache: int | None = None  # generation steps after this many cached tokens
 
     def table(self) -> str:
         seq = "" if self.seq_len is None else f", seq {self.seq_len}"
+        seq += f", {self.kv_cache} cached tokens" if self.kv_cache else ""
         w = max([len(r.model) for r in self.rows] + [5])
         lines = [f"blink compare ({self.mode}, batch {self.batch_size}{seq})", "",
                  f"  {'model':<{w}} {'gpu':<12} {'dtype':<9} {'time ms':>10} {'samples/s':>11} "
@@ -593,7 +598,7 @@ def compare(
                        p.peak_reserved_bytes, p.nvidia_smi_bytes, p.fits, p.time_ms / fastest)
             for p in preds]
     rows.sort(key=lambda r: r.time_ms)
-    return Comparison(mode, batch_size, seq_len, rows)
+    return Comparison(mode, batch_size, seq_len, rows, trace_kwargs.get("kv_cache"))
 
 
 # -- the command line -------------------------------------------------------------------------

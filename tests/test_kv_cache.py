@@ -85,6 +85,11 @@ def test_plan_decode_batches(llama, capsys):
     # how many sequences fit at a context: the cache grows with the batch
     assert main(["optimize-batch", llama, "--seq-len", "1", "--kv-cache", "1024", "--dtype",
                  "bf16", "--batch-sizes", "1,8", "--json", "-"]) == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
-    one, eight = (r["peak_allocated_bytes"] for r in rows)
+    doc = json.loads(capsys.readouterr().out)
+    one, eight = (r["peak_allocated_bytes"] for r in doc["rows"])
     assert eight - one >= 7 * _cache_bytes(1024) // B
+    assert doc["kv_cache"] == 1024
+    sweep = blink.optimize_batch(llama, seq_len=1, kv_cache=1024, dtype="bf16", batch_sizes=[2])
+    assert "1024 cached tokens" in sweep.table().splitlines()[0]
+    c = blink.compare(llama, ["H100-SXM"], batch_size=2, seq_len=1, kv_cache=1024)
+    assert c.kv_cache == 1024 and "1024 cached tokens" in c.table().splitlines()[0]
