@@ -408,6 +408,8 @@ def _check_positions(zoo_name: str | None, kwargs: dict[str, Any], kv_cache: int
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise ConfigError("kv_cache needs a text model's input_ids (a transformers causal LM: "
                           "hf: names or configs, or the model with inputs={'input_ids': ...})")
+    # the prompt that fills the cache is an input of batch x kv_cache token ids
+    check_input_size(zoo_name or "the model", int(ids.shape[0]), [(ids.shape[0], kv_cache)], 8)
     if zoo_name is not None:
         limit = zoo.get_entry(zoo_name).max_seq_len
         if limit and kv_cache + ids.shape[1] > limit:

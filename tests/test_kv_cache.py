@@ -61,6 +61,8 @@ def test_kv_cache_needs_an_inference_step_of_a_text_model(llama):
         blink.predict("hf:gpt2", batch_size=1, seq_len=8, kv_cache=1020)
     with pytest.raises(blink.ConfigError, match="kv_cache"):
         blink.predict(llama, batch_size=1, seq_len=1, kv_cache=0)
+    with pytest.raises(blink.BatchSizeError, match="batch_size 64 is too large"):
+        blink.predict(llama, batch_size=64, seq_len=1, kv_cache=10**15)
 
 
 def test_cli_flag(llama, capsys):
