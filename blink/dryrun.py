@@ -371,8 +371,10 @@ def prepare(
             p.requires_grad_(False)
     if kv_cache is not None:
         _check_positions(zoo_name, kwargs, kv_cache)
-        kwargs[_cache_keyword(net)] = _prefilled_cache(net, kwargs, kv_cache,
-                                                       zoo_name or type(model).__name__)
+        ids = kwargs["input_ids"]
+        prompt = torch.empty(ids.shape[0], kv_cache, dtype=ids.dtype, device="meta")
+        kwargs[_cache_keyword(net)] = fill_kv_cache(net, prompt,
+                                                    zoo_name or type(model).__name__)
         kwargs["use_cache"] = True
 
     if batch_size is None:  # a custom model's table shows its batch: the first input's dim 0
@@ -435,25 +437,27 @@ def cache_keyword(p: Prepared) -> str | None:
     return next((k for k in _CACHE_KEYWORDS if k in p.kwargs), None)
 
 
-def cache_tensors(cache: object) -> list[torch.Tensor]:
-    """A transformers KV cache's tensors (each layer's keys, values, ...)."""
-    return _tensors(cache)
+def kv_cache_resident(p: Prepared) -> dict[str, list[torch.Tensor]]:
+    """The `resident` entry of a trace of `p` for its KV cache's layers ({} for other runs): a
+    fresh list, which the trace releases after registering them (blink.trace.Trace), so the
+    layers the step replaces can be released."""
+    key = cache_keyword(p)
+    return {} if key is None else {"kv_cache": _tensors(p.kwargs[key])}
 
 
-def _prefilled_cache(net: torch.nn.Module, kwargs: dict[str, Any], kv_cache: int,
-                     label: str) -> Any:
-    """The model's own KV cache after a prompt of `kv_cache` tokens (an untraced forward on
-    meta): whatever its layers keep (full or sliding-window attention, MLA's latents, a hybrid's
-    recurrent state), as generate() hands it to the next step."""
-    ids = kwargs["input_ids"]
-    prompt = torch.empty(ids.shape[0], kv_cache, dtype=ids.dtype, device="meta")
+def fill_kv_cache(net: torch.nn.Module, prompt: torch.Tensor, label: str) -> Any:
+    """The model's own KV cache after the prompt's tokens (an untraced forward; on meta for a
+    dry run, on the device for a real one): whatever its layers keep (full or sliding-window
+    attention, MLA's latents, a hybrid's recurrent state), as generate() hands it to the next
+    step."""
     try:
         with torch.no_grad():
             out = net(input_ids=prompt, use_cache=True)
     except Exception as exc:  # noqa: BLE001 - the model's own failure, named
-        raise ConfigError(f"could not fill a KV cache of {kv_cache} tokens for {label}: "
+        raise ConfigError(f"could not fill a KV cache of {prompt.shape[1]} tokens for {label}: "
                           f"{type(exc).__name__}: {str(exc)[:300]}") from exc
-    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    cache = next((c for c in (getattr(out, k, None) for k in _CACHE_KEYWORDS) if c is not None),
+                 None)
     if cache is None:
         raise ConfigError(f"{label} returned no KV cache (past_key_values) with use_cache=True; "
                           "kv_cache applies to transformers causal LMs")
@@ -575,16 +579,10 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
                 "optimizer_state": _tensors(list(opt.state.values())) if opt is not None else []}
     # the warm-up grows the cache: the kept step starts from a copy of it as it was
     pristine = copy.deepcopy(p.kwargs[key]) if key is not None and warmup else None
-
-    def resident_now() -> dict[str, list[torch.Tensor]]:
-        # the cache's layers only as the trace's own (released) list: see Trace
-        if key is None:
-            return resident
-        return {**resident, "kv_cache": cache_tensors(p.kwargs[key])}
-
     try:
         if warmup:
-            with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta, resident=resident_now()):
+            with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta,
+                       resident={**resident, **kv_cache_resident(p)}):
                 execute(p, loss_fn=loss_fn, optimizer=opt)
             # The warm-up must not change the state the kept step starts from: without an
             # optimizer (which zeroes them) its gradients would be resident in the kept trace,
@@ -594,7 +592,7 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
             if key is not None:
                 p.kwargs[key] = pristine
         with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta,
-                   resident=resident_now()) as result:
+                   resident={**resident, **kv_cache_resident(p)}) as result:
             execute(p, loss_fn=loss_fn, optimizer=opt)
         if known_values:
             result.meta["items_answered"] = p.items_answered

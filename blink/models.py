@@ -152,34 +152,32 @@ _ARCH_TASK = (("ForCausalLM", "causal-lm"), ("ForMaskedLM", "masked-lm"),
               ("ForSequenceClassification", "sequence-classification"))
 
 
-def _hf_model_class_facts(raw: dict[str, Any], task: str) -> tuple[str, Any, bool]:
-    """(the model class's main_input_name, the config class's defaults, whether the class the
-    task builds is the task's own head) for a config's model type; ("", None, True) for a
-    type transformers does not know (build_hf reports it)."""
+def _config_defaults(raw: dict[str, Any]) -> Any:
+    """The config class of the model type, at its defaults (None for a type transformers does
+    not know or cannot build: build_hf reports it)."""
+    import transformers
+
+    try:
+        return transformers.CONFIG_MAPPING[raw["model_type"]]()
+    except Exception:  # noqa: BLE001 - unknown or unbuildable
+        return None
+
+
+def _hf_model_class_facts(defaults: Any, task: str) -> tuple[str, bool]:
+    """(the model class's main_input_name, whether the class the task builds is the task's own
+    head) for a config class ("", True when unknown)."""
     import transformers
 
     from .zoo import hf_auto_class
 
+    if defaults is None:
+        return "", True
     try:
-        cfg_cls = transformers.CONFIG_MAPPING[raw["model_type"]]
-        auto = hf_auto_class(task, cfg_cls)
-        main = str(getattr(auto._model_mapping[cfg_cls], "main_input_name", ""))
-        return main, cfg_cls(), auto is not transformers.AutoModel or task == "base"
+        auto = hf_auto_class(task, type(defaults))
+        main = str(getattr(auto._model_mapping[type(defaults)], "main_input_name", ""))
     except Exception:  # noqa: BLE001 - unknown or unbuildable: build_hf says why
-        return "", None, True
-
-
-def _encoder_decoder(raw: dict[str, Any]) -> bool:
-    """The config's is_encoder_decoder, or its model type's default where the file leaves it
-    out (a T5 / Switch Transformers config written by hand)."""
-    if "is_encoder_decoder" in raw:
-        return bool(raw["is_encoder_decoder"])
-    import transformers
-
-    try:
-        return bool(transformers.CONFIG_MAPPING[raw["model_type"]]().is_encoder_decoder)
-    except Exception:  # noqa: BLE001 - an unknown or unbuildable type: build_hf reports it
-        return False
+        return "", True
+    return main, auto is not transformers.AutoModel or task == "base"
 
 
 def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
@@ -188,6 +186,10 @@ def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
         raise ConfigError(f"{name}: a transformers config needs a \"model_type\" field "
                           "(e.g. \"llama\", \"bert\", \"vit\")")
     raw = dict(raw)
+    defaults = _config_defaults(raw)
+    # is_encoder_decoder as the file says, else the type's default (a T5 / Switch Transformers
+    # config written by hand)
+    enc_dec = bool(raw.get("is_encoder_decoder", getattr(defaults, "is_encoder_decoder", False)))
     task = raw.get("_task")
     if task is None:
         archs = raw.get("architectures") or []
@@ -196,7 +198,7 @@ def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
                 task = t
                 break
     if task is None:
-        task = "seq2seq" if _encoder_decoder(raw) else (
+        task = "seq2seq" if enc_dec else (
             "image-classification" if "image_size" in raw and "num_channels" in raw else "base")
     from .zoo import HF_TASKS
 
@@ -204,7 +206,7 @@ def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
         raise ConfigError(f"{name}: unknown \"_task\" {task!r}; choose one of {HF_TASKS}")
     raw["_task"] = task
     raw.pop("architectures", None)
-    main, defaults, head = _hf_model_class_facts(raw, task)
+    main, head = _hf_model_class_facts(defaults, task)
     if task == "image-classification" or ("image_size" in raw and "vocab_size" not in raw):
         size = raw.get("image_size", 224)
         size = size[0] if isinstance(size, (list, tuple)) else size
@@ -240,7 +242,7 @@ def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
         raise ConfigError(f"{name}: a text model's config needs \"vocab_size\"")
     rope = "rope_theta" in raw or "rope_scaling" in raw or "rotary_dim" in raw
     limit = 0 if rope else int(raw.get("max_position_embeddings") or raw.get("n_positions") or 0)
-    kind = SEQ2SEQ if task == "seq2seq" or _encoder_decoder(raw) else TEXT
+    kind = SEQ2SEQ if task == "seq2seq" or enc_dec else TEXT
     return ZooEntry(name, raw["model_type"], kind, lambda: build_hf(raw), vocab_size=vocab,
                     max_seq_len=limit)
 

@@ -506,10 +506,10 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
         # parameters and buffers are "weights". Registered first, so the memory breakdown
         # knows which resident storage is which (RESIDENT_ROLES). "kv_cache": inputs the run
         # may release (a KV cache's layers), not held by the trace.
+        roles = (*RESIDENT_ROLES, "kv_cache")
         for role in resident or {}:
-            if role not in (*RESIDENT_ROLES, "kv_cache"):
-                raise BlinkError(f"unknown resident role {role!r}; use one of "
-                                 f"{(*RESIDENT_ROLES, 'kv_cache')}")
+            if role not in roles:
+                raise BlinkError(f"unknown resident role {role!r}; use one of {roles}")
         self._resident = dict(resident or {})
 
     def __enter__(self) -> Trace:

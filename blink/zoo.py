@@ -251,12 +251,7 @@ def entry_inputs(entry: ZooEntry, batch_size: int, seq_len: int | None,
         if with_labels and entry.num_classes > 0:
             out["labels"] = torch.empty(batch_size, dtype=torch.long, device=dev)
         return out
-    length = entry.default_seq_len if seq_len is None else seq_len
-    if entry.max_seq_len and length > entry.max_seq_len:
-        raise ConfigError(
-            f"seq_len {length} is longer than {name}'s {entry.max_seq_len} position embeddings; "
-            f"use seq_len <= {entry.max_seq_len}"
-        )
+    length = _token_length(entry, seq_len, "position embeddings")
     check_input_size(name, batch_size, [(batch_size, length)] * 3, 8)
     ids = torch.empty(batch_size, length, dtype=torch.long, device=dev)
     out = {"input_ids": ids}
@@ -267,6 +262,16 @@ def entry_inputs(entry: ZooEntry, batch_size: int, seq_len: int | None,
         if entry.kind == SEQ2SEQ:
             del out["decoder_input_ids"]  # T5 derives them from the labels
     return out
+
+
+def _token_length(entry: ZooEntry, seq_len: int | None, limit: str) -> int:
+    """The token count of a text input (the entry's default without seq_len), within the
+    entry's max_seq_len (`limit` says what sets it)."""
+    length = entry.default_seq_len if seq_len is None else seq_len
+    if entry.max_seq_len and length > entry.max_seq_len:
+        raise ConfigError(f"seq_len {length} is longer than {entry.name}'s {entry.max_seq_len} "
+                          f"{limit}; use seq_len <= {entry.max_seq_len}")
+    return length
 
 
 # One second of 16 kHz audio: the default length of a speech encoder's input_values.
@@ -289,11 +294,7 @@ def _audio_inputs(entry: ZooEntry, batch_size: int, seq_len: int | None,
     check_input_size(entry.name, batch_size, [shape], float_dtype.itemsize)
     out = {entry.audio_input: torch.empty(*shape, dtype=float_dtype, device=dev)}
     if entry.decoder:
-        length = entry.default_seq_len if seq_len is None else seq_len
-        if entry.max_seq_len and length > entry.max_seq_len:
-            raise ConfigError(f"seq_len {length} is longer than {entry.name}'s decoder "
-                              f"({entry.max_seq_len} positions); use seq_len <= "
-                              f"{entry.max_seq_len}")
+        length = _token_length(entry, seq_len, "positions (its decoder's)")
         key = "labels" if with_labels else "decoder_input_ids"
         out[key] = torch.empty(batch_size, length, dtype=torch.long, device=dev)
     return out

@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import copy
 import gc
 import json
 import os
@@ -33,9 +32,10 @@ from ..dryrun import (
     Prepared,
     asks_for_values,
     cache_keyword,
-    cache_tensors,
     enable_grad_checkpointing,
     execute,
+    fill_kv_cache,
+    kv_cache_resident,
     make_optimizer,
     prepare,
 )
@@ -176,14 +176,7 @@ class ModelWorkload(Workload):
         opt = make_optimizer(p)
         if opt is not None:
             execute(p, optimizer=opt)  # steady state: the optimizer state exists
-        key = cache_keyword(p)
-        resident = {}
-        if key is not None:
-            # the step grows the cache: start from a copy, whose layers the step releases
-            p.kwargs[key] = copy.deepcopy(p.kwargs[key])
-            resident = {"kv_cache": cache_tensors(p.kwargs[key])}
-        with trace(p.net, gpu=gpu, meta=p.meta, resident=resident) as t:
-            del resident
+        with trace(p.net, gpu=gpu, meta=p.meta, resident=kv_cache_resident(p)) as t:
             execute(p, optimizer=opt)
         return t
 
@@ -235,10 +228,7 @@ class ModelWorkload(Workload):
             prompt = torch.randint(0, max(self._int_high("input_ids"), 1),
                                    (ids.shape[0], int(c.kv_cache or 0)), device=device,
                                    generator=gen)
-            with torch.no_grad():
-                out = net(input_ids=prompt, use_cache=True)
-            kwargs[key] = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-            del out
+            kwargs[key] = fill_kv_cache(net, prompt, c.model)
         self._real = Prepared(net, args, kwargs, labels, m.meta, m.amp_dtype)
         self._opt = make_optimizer(self._real)
         real, opt = self._real, self._opt

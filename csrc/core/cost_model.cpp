@@ -38,13 +38,6 @@ bool is_issue(const TraceData& t, const OpRecord& op) {
   return !(starts_with(parent, "aten::") || starts_with(parent, "prims::"));
 }
 
-// The op name without its overload ("aten::nonzero.out" -> "aten::nonzero").
-std::string base_op(const std::string& name) {
-  const size_t ns = name.find("::");
-  const size_t dot = name.find('.', ns == std::string::npos ? 0 : ns + 2);
-  return dot == std::string::npos ? name : name.substr(0, dot);
-}
-
 // Units whose CUDA implementation copies a device value to the host, which returns only once
 // the stream has run everything before it: .item() (aten/src/ATen/native/cuda/CUDAScalar.cu,
 // _local_scalar_dense_cuda), nonzero's count (cuda/Nonzero.cu) and masked_select through it,
@@ -55,7 +48,7 @@ bool unit_syncs_host(const std::string& op_name, const UnitFeatures& f) {
       "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
       "aten::unique_dim", "aten::unique_consecutive", "aten::equal"};
   if (f.kind == UnitKind::kGemm && f.groups > 1) return true;
-  return ops.count(base_op(op_name)) > 0;
+  return ops.count(op_base_name(op_name)) > 0;
 }
 
 // Host work of a unit beyond its op's row in the dispatch table: _grouped_mm's fallback issues

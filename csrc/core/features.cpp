@@ -19,6 +19,13 @@
 #include <vector>
 
 namespace blink {
+
+std::string op_base_name(const std::string& op_name) {
+  const size_t ns = op_name.find("::");
+  const size_t dot = op_name.find('.', ns == std::string::npos ? 0 : ns + 2);
+  return dot == std::string::npos ? op_name : op_name.substr(0, dot);
+}
+
 namespace {
 
 using K = UnitKind;
@@ -375,23 +382,27 @@ Tiling f_grouped_mm(const Ctx& c, const Rule&, UnitFeatures& f) {
     groups = offs->sizes[0];
   }
   if (groups <= 0) fail(c, "no groups");
-  // The grouped (data-dependent) extent and the fixed ones.
+  // The grouped (data-dependent) extent `rows` and the fixed ones; FLOPs are 2 * rows * the
+  // product of the others (`fixed`; 3-D x 3-D: rows = groups, fixed = m * n * k).
   int64_t m = 0, n = 0, k = 0, rows = 0;
+  double fixed = 0.0;
   const double weight_bytes_3d = ra == 3 ? tensor_bytes(a) : (rb == 3 ? tensor_bytes(b) : 0.0);
+  auto d = [](int64_t v) { return static_cast<double>(v); };
   if (ra == 2 && rb == 3) {         // rows of A grouped
-    rows = a.sizes[0], k = a.sizes[1], n = b.sizes[2];
+    rows = a.sizes[0], k = a.sizes[1], n = b.sizes[2], fixed = d(k) * d(n);
     if (b.sizes[1] != k) fail(c, "contraction dimensions differ");
   } else if (ra == 3 && rb == 2) {  // columns of B grouped
-    m = a.sizes[1], k = a.sizes[2], rows = b.sizes[1];
+    m = a.sizes[1], k = a.sizes[2], rows = b.sizes[1], fixed = d(m) * d(k);
     if (b.sizes[0] != k) fail(c, "contraction dimensions differ");
   } else if (ra == 2 && rb == 2) {  // K grouped
-    m = a.sizes[0], rows = a.sizes[1], n = b.sizes[1];
+    m = a.sizes[0], rows = a.sizes[1], n = b.sizes[1], fixed = d(m) * d(n);
     if (b.sizes[0] != rows) fail(c, "contraction dimensions differ");
   } else {                          // 3-D x 3-D: a bmm
     if (b.sizes[0] != groups || b.sizes[1] != a.sizes[2]) fail(c, "batched shapes differ");
-    m = a.sizes[1], k = a.sizes[2], n = b.sizes[2];
+    m = a.sizes[1], k = a.sizes[2], n = b.sizes[2], rows = groups, fixed = d(m) * d(n) * d(k);
   }
   const bool batched = ra == 3 && rb == 3;
+  f.flops = 2.0 * static_cast<double>(rows) * fixed;
   double active = static_cast<double>(groups);
   if (!batched) {
     const double g = static_cast<double>(groups), r = static_cast<double>(std::max<int64_t>(rows, 0));
@@ -402,11 +413,6 @@ Tiling f_grouped_mm(const Ctx& c, const Rule&, UnitFeatures& f) {
     else if (ra == 3 && rb == 2) n = share;
     else k = share;
   }
-  const double rows_d = static_cast<double>(rows);
-  f.flops = batched ? 2.0 * groups * static_cast<double>(m) * n * k
-            : ra == 2 && rb == 3 ? 2.0 * rows_d * k * n
-            : ra == 3 && rb == 2 ? 2.0 * static_cast<double>(m) * k * rows_d
-                                 : 2.0 * static_cast<double>(m) * n * rows_d;
   // Only the groups that get rows read their slice of the 3-D operand.
   f.bytes_read = read_bytes(c) - weight_bytes_3d * (1.0 - active / static_cast<double>(groups));
   count_writes(c, f, -1);
@@ -1773,11 +1779,8 @@ const Rule* find_rule(const std::string& name) {
   const auto& table = rule_table();
   auto it = table.find(name);
   if (it != table.end()) return &it->second;
-  std::string base = name;
-  const size_t ns = base.find("::");
-  const size_t dot = base.find('.', ns == std::string::npos ? 0 : ns + 2);
-  if (dot != std::string::npos) {
-    base.resize(dot);
+  std::string base = op_base_name(name);
+  if (base.size() != name.size()) {
     it = table.find(base);
     if (it != table.end()) return &it->second;
   }

@@ -169,10 +169,9 @@ double cuda_dispatch_time_s(const std::string& op_name) {
   auto it = table.find(op_name);
   if (it != table.end()) return it->second;
   // Overloads share their op's cost (aten::add.Tensor -> aten::add).
-  const size_t ns = op_name.find("::");
-  const size_t dot = op_name.find('.', ns == std::string::npos ? 0 : ns + 2);
-  if (dot != std::string::npos) {
-    it = table.find(op_name.substr(0, dot));
+  const std::string base = op_base_name(op_name);
+  if (base.size() != op_name.size()) {
+    it = table.find(base);
     if (it != table.end()) return it->second;
   }
   return kCudaDispatchDefaultS;

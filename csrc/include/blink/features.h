@@ -215,6 +215,10 @@ inline UnitFeatures features_for(const std::string& op_name, const std::vector<A
   return compute_features(op_name, inputs, outputs, gpu, opts);
 }
 
+// The op's name without its overload ("aten::add.Tensor" -> "aten::add"), as the rule table,
+// the host dispatch table and the sync list key ops.
+std::string op_base_name(const std::string& op_name);
+
 // Whether the table has a rule for the op (after dropping an overload suffix and, for an
 // in-place op, its trailing underscore). Composite ops have a rule (it throws).
 bool has_feature_rule(const std::string& op_name);
