@@ -41,13 +41,14 @@ bool is_issue(const TraceData& t, const OpRecord& op) {
 // Units whose CUDA implementation copies a device value to the host, which returns only once
 // the stream has run everything before it: .item() (aten/src/ATen/native/cuda/CUDAScalar.cu,
 // _local_scalar_dense_cuda), nonzero's count (cuda/Nonzero.cu) and masked_select through it,
-// unique's output size (cuda/Unique.cu), torch.equal's result, and _grouped_mm's fallback loop
-// (offs.cpu() in ATen/native/GroupedMMUtils.h; features.cpp f_grouped_mm).
+// unique's output size (cuda/Unique.cu), torch.equal's result, advanced indexing with a boolean
+// mask (its nonzero, features.cpp add_mask_nonzero: UnitFeatures::host_sync), and _grouped_mm's
+// fallback loop (offs.cpu() in ATen/native/GroupedMMUtils.h; features.cpp f_grouped_mm).
 bool unit_syncs_host(const std::string& op_name, const UnitFeatures& f) {
   static const std::unordered_set<std::string> ops = {
       "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
       "aten::unique_dim", "aten::unique_consecutive", "aten::equal"};
-  if (f.kind == UnitKind::kGemm && f.groups > 1) return true;
+  if (f.host_sync || (f.kind == UnitKind::kGemm && f.groups > 1)) return true;
   return ops.count(op_base_name(op_name)) > 0;
 }
 

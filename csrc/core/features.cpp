@@ -835,25 +835,78 @@ Tiling f_copy(const Ctx& c, const Rule& r, UnitFeatures& f) {
   return elementwise_tiling(static_cast<double>(f.numel));
 }
 
-// Gathers (embedding, index_select, gather, index): p0 = the source, p1 = the indices (tensor
-// or list). Reads the indices and only the gathered elements of the source, not all of it.
+// c10::ScalarType codes of the index dtypes advanced indexing treats as masks.
+constexpr int kByte = 0;
+constexpr int kBool = 11;
+
+// The first boolean (or uint8) mask among the indices at input `pos` (a tensor or a list).
+const TensorInfo* index_mask(const Ctx& c, int pos) {
+  const TensorInfo* mask = nullptr;
+  if (pos < 0 || pos >= static_cast<int>(c.in.size())) return nullptr;
+  for_each_tensor(c.in[static_cast<size_t>(pos)], [&](const TensorInfo& t) {
+    if (mask == nullptr && (t.dtype == kBool || t.dtype == kByte)) mask = &t;
+  });
+  return mask;
+}
+
+// Advanced indexing turns a mask into int64 coordinates before its kernel (expandTensors,
+// aten/src/ATen/native/IndexingUtils.h: mask.nonzero()). cuda/Nonzero.cu counts the set
+// elements with cub, copies the count to the host (the CPU waits for the stream there), then a
+// cub select writes the `count` x mask-dims coordinates: two passes over the mask.
+void add_mask_nonzero(const TensorInfo& mask, double count, UnitFeatures& f) {
+  f.bytes_read += 2.0 * tensor_bytes(mask);
+  f.bytes_written += 8.0 * static_cast<double>(mask.sizes.size()) * count;
+  f.kernels += 2;
+  f.host_sync = true;
+}
+
+// Gathers (embedding, index_select, gather, index, masked_select): p0 = the source, p1 = the
+// indices (tensor or list). Reads the indices and only the gathered elements of the source, not
+// all of it. A boolean mask among the indices is first made coordinates (add_mask_nonzero); the
+// gather kernel then reads `count` int64 coordinates per mask dimension, count from the output
+// (the mask spans source dims: count = output / (source / mask); p2 = 1, masked_select: the
+// broadcast mask spans them all, count = output).
 Tiling f_gather(const Ctx& c, const Rule& r, UnitFeatures& f) {
   const TensorInfo& src = need_tensor(c, r.p0, "source");
   ByteSet idx;
   int64_t n_idx = 0;
+  const TensorInfo* mask = index_mask(c, r.p1);
   if (r.p1 >= 0 && r.p1 < static_cast<int>(c.in.size())) {
     for_each_tensor(c.in[static_cast<size_t>(r.p1)], [&](const TensorInfo& t) {
+      if (&t == mask) return;
       idx.add(t);
       n_idx = std::max(n_idx, numel_of(t));
     });
   }
   count_writes(c, f, -1);
-  f.bytes_read = idx.bytes() + static_cast<double>(f.numel) *
-                                   static_cast<double>(dtype_itemsize(src.dtype));
+  double coords = 0.0;  // bytes of the int64 coordinates a mask becomes
+  if (mask != nullptr) {
+    const double rows_per = r.p2 == 1 ? 1.0 : static_cast<double>(std::max<int64_t>(
+                                                  1, numel_of(src) / std::max<int64_t>(1, numel_of(*mask))));
+    const double count = static_cast<double>(f.numel) / rows_per;
+    add_mask_nonzero(*mask, count, f);
+    coords = 8.0 * static_cast<double>(mask->sizes.size()) * count;
+    n_idx = std::max(n_idx, static_cast<int64_t>(count));
+  }
+  f.bytes_read += idx.bytes() + coords + static_cast<double>(f.numel) *
+                                             static_cast<double>(dtype_itemsize(src.dtype));
   f.outer = n_idx;
   f.inner = n_idx > 0 ? f.numel / n_idx : 0;
   f.dtype = src.dtype;
   return elementwise_tiling(static_cast<double>(f.numel));
+}
+
+// nonzero(self): cuda/Nonzero.cu, as add_mask_nonzero (count pass, count to the host, select
+// pass); the output is count x self's dims of int64.
+Tiling f_nonzero(const Ctx& c, const Rule&, UnitFeatures& f) {
+  const TensorInfo& x = need_tensor(c, 0, "self");
+  const TensorInfo* o = first_output(c);
+  const double count = o != nullptr && !o->sizes.empty() ? static_cast<double>(o->sizes[0]) : 0.0;
+  f.kernels = 0;
+  add_mask_nonzero(x, count, f);
+  f.numel = numel_of(x);
+  f.dtype = x.dtype;
+  return reduction_tiling(static_cast<double>(f.numel));
 }
 
 // embedding_dense_backward(grad_output 0, indices 1, num_weights, ...): reads grad_output and
@@ -1239,14 +1292,38 @@ Tiling f_scan(const Ctx& c, const Rule& r, UnitFeatures& f) {
 // advanced indexing, x[idx]): index_put_with_sort_kernel computes linear int64 indices, radix-
 // sorts (index, position) pairs over ceil(log2(numel(self))) bits (one pass per 8 bits, an
 // iota and a histogram kernel), then accumulates each run of equal indices in order.
+//
+// A boolean mask among the indices is first made coordinates (add_mask_nonzero). Its count is
+// data: values with a row per masked place (the backward of x[mask]) carry it; a value
+// broadcast to every masked place (x[mask] = v) does not, and the count is taken as the whole
+// mask (an upper bound on the places written).
 Tiling f_index_put(const Ctx& c, const Rule& r, UnitFeatures& f) {
   Tiling t = f_scatter(c, r, f);
-  if (!bool_at(c.in, 3, false)) return t;
   const TensorInfo& self = need_tensor(c, 0, "self");
   int64_t n_idx = 0;
+  const TensorInfo* mask = index_mask(c, 1);
   if (c.in.size() > 1) {
-    for_each_tensor(c.in[1], [&](const TensorInfo& i) { n_idx = std::max(n_idx, numel_of(i)); });
+    for_each_tensor(c.in[1], [&](const TensorInfo& i) {
+      if (&i != mask) n_idx = std::max(n_idx, numel_of(i));
+    });
   }
+  if (mask != nullptr) {
+    const TensorInfo* values = tensor_at(c.in, 2);
+    const int64_t row = std::max<int64_t>(1, numel_of(self) / std::max<int64_t>(1, numel_of(*mask)));
+    const int64_t given = values != nullptr ? numel_of(*values) : 0;
+    const int64_t count = given > row ? given / row : numel_of(*mask);
+    add_mask_nonzero(*mask, static_cast<double>(count), f);
+    const double s = static_cast<double>(dtype_itemsize(self.dtype));
+    const double touched = static_cast<double>(count) * static_cast<double>(row) * s;
+    // f_scatter counted the mask's bytes as indices and the values' elements as the places
+    // touched; the kernel reads count int64 coordinates per mask dim and touches count rows.
+    f.bytes_read += 8.0 * static_cast<double>(mask->sizes.size() * count) - tensor_bytes(*mask) +
+                    touched - static_cast<double>(given) * s;
+    f.bytes_written += touched - static_cast<double>(given) * s;
+    n_idx = std::max(n_idx, count);
+    t = elementwise_tiling(static_cast<double>(count * row));
+  }
+  if (!bool_at(c.in, 3, false)) return t;
   const double idx = static_cast<double>(n_idx);
   const double space = std::max(2.0, static_cast<double>(numel_of(self)));
   const int64_t passes = ceil_div(static_cast<int64_t>(std::ceil(std::log2(space))), kRadixBitsPerPass);
@@ -1473,6 +1550,9 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       {"aten::index_select", R(K::kEmbedding, f_gather, 0, 0, 2)},
       {"aten::gather", R(K::kEmbedding, f_gather, 0, 0, 2)},
       {"aten::index", R(K::kEmbedding, f_gather, 0, 0, 1)},       // advanced indexing
+      // cuda/IndexKernel.cpp masked_select_out_cuda_impl: index_out(self, [broadcast mask])
+      {"aten::masked_select", R(K::kEmbedding, f_gather, 0, 0, 1, 1)},
+      {"aten::nonzero", R(K::kReduction, f_nonzero, 0, -1, -1, -1, -1)},
       // Sort indices, segment, partial sums, accumulate: a chain of small kernels.
       {"aten::embedding_dense_backward", R(K::kEmbedding, f_embedding_backward, 0, -1, -1, -1, 6)},
       // --- Scatters (p0 = self, p1 = indices, p2 = source): one add/store per source element.

@@ -113,6 +113,10 @@ struct UnitFeatures {
   // bias in the epilogue (gemm_and_bias, aten/src/ATen/native/cuda/Blas.cpp), not cublasSgemm;
   // its kernel list differs on Pascal (gemm_cost.cpp). Not a forest input.
   bool cublaslt_epilogue = false;
+  // The op copies a count from the GPU to the host before it can launch its main kernel (a
+  // boolean mask's nonzero: features.cpp add_mask_nonzero), so the CPU waits for the stream.
+  // Not a forest input.
+  bool host_sync = false;
 
   // Convolution geometry (input N, C, [D,] H, W; K output channels; kernel [T,] R, S).
   // 1-D convs use h = 1, r = 1; depth fields are 1 except for 3-D convs.
