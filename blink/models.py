@@ -197,6 +197,11 @@ def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
             if any(isinstance(a, str) and a.endswith(suffix) for a in archs):
                 task = t
                 break
+    if task is None and _hf_model_class_facts(defaults, "base")[0] == "pixel_values":
+        # a vision type (DINOv2, SegFormer, DETR: encoder-decoder, yet it reads images): its
+        # classifier where it has one, else the base model
+        task = "image-classification" if _hf_model_class_facts(
+            defaults, "image-classification")[1] else "base"
     if task is None:
         task = "seq2seq" if enc_dec else (
             "image-classification" if "image_size" in raw and "num_channels" in raw else "base")
@@ -207,12 +212,14 @@ def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
     raw["_task"] = task
     raw.pop("architectures", None)
     main, head = _hf_model_class_facts(defaults, task)
-    if task == "image-classification" or ("image_size" in raw and "vocab_size" not in raw):
-        size = raw.get("image_size", 224)
+    if task == "image-classification" or main == "pixel_values" or (
+            "image_size" in raw and "vocab_size" not in raw):
+        size = raw.get("image_size", getattr(defaults, "image_size", None) or 224)
         size = size[0] if isinstance(size, (list, tuple)) else size
-        # a backbone with no classifier (ViT-MAE, a SigLIP vision tower) takes no labels
+        # a backbone with no classifier (ViT-MAE, a SigLIP vision tower, DETR) takes no labels
+        labels = head and task == "image-classification"
         return ZooEntry(name, raw["model_type"], VISION, lambda: build_hf(raw),
-                        image_size=int(size), num_classes=1000 if head else 0)
+                        image_size=int(size), num_classes=1000 if labels else 0)
     if main == "input_values":  # wav2vec2, HuBERT, WavLM, Data2Vec-audio ...
         return ZooEntry(name, raw["model_type"], AUDIO, lambda: build_hf(raw),
                         audio_input=main)
@@ -230,7 +237,7 @@ def hf_entry_from_config(raw: dict[str, Any], name: str) -> ZooEntry:
                         audio_shape=(int(get("num_mel_bins")),
                                      2 * int(get("max_source_positions"))),
                         decoder=True, max_seq_len=int(get("max_target_positions")))
-    vocab = int(raw.get("vocab_size") or 0)
+    vocab = int(raw.get("vocab_size") or getattr(defaults, "vocab_size", 0) or 0)
     towers = sorted(k for k, v in raw.items() if k.endswith("_config") and isinstance(v, dict))
     if vocab <= 0 and towers:
         raise ConfigError(

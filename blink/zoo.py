@@ -76,6 +76,10 @@ def build_hf(raw: dict[str, Any]) -> torch.nn.Module:
     task = raw["_task"]
     fields = {k: v for k, v in raw.items() if not k.startswith("_") and k != "model_type"}
     cfg = transformers.AutoConfig.for_model(raw["model_type"], **fields)
+    if getattr(cfg, "architectures", None) is None:
+        # the auto classes iterate it where a task maps to several classes (DeiT's image
+        # classification): none means the first of them, as transformers intends
+        cfg.architectures = []
     auto = hf_auto_class(task, type(cfg))
     try:
         try:
@@ -205,7 +209,12 @@ def build(name: str) -> torch.nn.Module:
     entry = get_entry(name)
     try:
         with torch.device("meta"):
-            return entry.builder()
+            net = entry.builder()
+        # A legacy constructor ignores the device context (wav2vec2's masked_spec_embed is
+        # nn.Parameter(torch.Tensor(n))): such tensors move along, as model.cuda() moves them.
+        if any(t.device.type != "meta" for t in [*net.parameters(), *net.buffers()]):
+            net = net.to("meta")
+        return net
     except NotImplementedError:
         # Some initialisers read tensor values (regnet's width schedule); build those on the
         # CPU and move the result, which costs a real init of the (small) model.

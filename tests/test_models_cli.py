@@ -359,3 +359,27 @@ def test_backbones_without_a_head_and_multi_tower_models(tmp_path):
                               "vision_config": {"hidden_size": 64}})
     with pytest.raises(blink.ConfigError, match="text_config, vision_config.*inputs="):
         blink.predict(clip, batch_size=2)
+
+
+def test_vision_types_are_known_by_what_their_model_reads(tmp_path):
+    # No image_size / num_channels in the file: the type's model reads pixel_values.
+    # SegFormer has a classifier; its default config has no image_size (224 then)
+    seg = _config(tmp_path, {"model_type": "segformer", "hidden_sizes": [16, 32, 64, 128],
+                             "decoder_hidden_size": 64, "depths": [1, 1, 1, 1],
+                             "num_attention_heads": [1, 2, 2, 4]})
+    t = blink.trace_model(seg, batch_size=2, mode="train")
+    assert _input(t) == (2, 3, 224, 224) and len(t.meta["input_shapes"]) == 2  # + labels
+    # DETR is an encoder-decoder over images, with no classifier: the base model, no labels
+    detr = _config(tmp_path, {"model_type": "detr", "d_model": 64, "encoder_layers": 1,
+                              "decoder_layers": 1, "encoder_attention_heads": 4,
+                              "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+                              "decoder_ffn_dim": 128, "num_queries": 10,
+                              "use_pretrained_backbone": False})
+    t = blink.trace_model(detr, batch_size=2)
+    assert [tuple(s) for s in t.meta["input_shapes"]] == [(2, 3, 224, 224)]
+    # DeiT maps image classification to two classes (with and without the distillation
+    # head): without "architectures" in the config the first is built
+    deit = _config(tmp_path, {"model_type": "deit", "hidden_size": 64, "num_hidden_layers": 2,
+                              "num_attention_heads": 4, "intermediate_size": 128,
+                              "image_size": 64, "patch_size": 16})
+    assert type(blink.zoo.build(deit)).__name__ == "DeiTForImageClassification"
