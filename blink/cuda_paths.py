@@ -28,6 +28,8 @@ Each rule mirrors one dispatch decision PyTorch's CUDA backend makes and the met
   (:func:`_native_mha_cuda`). ``nn.TransformerEncoderLayer``'s own fast path is left to its
   slow path, which runs the same kernels around this attention (add, layer norm, linear).
 
+* ``masked_fill`` with a 0-dim CPU tensor as the value: CUDA reads it as a scalar
+  (``masked_fill__cuda``, cuda/Indexing.cu), the meta kernel refuses a value on another device.
 * ``torch._grouped_mm`` (MoE experts): CUDA takes float32, float16 and bfloat16
   (``_grouped_mm_validate_inputs``, aten/src/ATen/native/GroupedMMUtils.h; the non-bf16 ones run
   its per-group fallback, pytorch#162059), while the meta kernel of torch 2.14 refuses all but
@@ -328,6 +330,38 @@ def _grouped_mm_meta(lib: torch.library.Library) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         lib.impl("_grouped_mm", grouped_mm, "Meta")
+
+
+def _masked_fill_meta(lib: torch.library.Library) -> None:
+    """masked_fill with a 0-dim tensor value: CUDA reads the value as a scalar
+    (``masked_fill__cuda``, aten/src/ATen/native/cuda/Indexing.cu: value.item()), so a CPU
+    value (``x.masked_fill(m, torch.tensor(finfo.min))``, SEW-D's XSoftmax) is accepted; the
+    meta kernel, a Python ref, refuses a value on another device. The in-place op keeps its
+    shape checks through the Scalar overload's meta kernel; the out-of-place one is ATen's
+    composite (TensorAdvancedIndexing.cpp masked_fill: expand_outplace, a contiguous clone,
+    then masked_fill_), as CUDA runs it."""
+
+    def check(mask: Tensor, value: Tensor) -> None:
+        torch._check(value.dim() == 0, lambda: (
+            "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+            f"{value.dim()} dimension(s)."))
+        torch._check(mask.dtype == torch.bool, lambda: (
+            f"masked_fill only supports boolean masks, but got mask with dtype {mask.dtype}"))
+
+    def masked_fill(self: Tensor, mask: Tensor, value: Tensor) -> Tensor:
+        check(mask, value)
+        shape = torch.broadcast_shapes(mask.shape, self.shape)
+        result = self.expand(shape).clone(memory_format=torch.contiguous_format)
+        return result.masked_fill_(mask, value)
+
+    def masked_fill_(self: Tensor, mask: Tensor, value: Tensor) -> Tensor:
+        check(mask, value)
+        return _aten.masked_fill_.Scalar(self, mask, 0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("masked_fill.Tensor", masked_fill, "Meta")
+        lib.impl("masked_fill_.Tensor", masked_fill_, "Meta")
 
 
 # ---- dropout and batch norm ---------------------------------------------------------------
@@ -642,6 +676,7 @@ def install(undo: list[Callable[[], None]], cc: tuple[int, int] = (9, 0)) -> Non
     undo.append(meta_lib._destroy)
     _rnn_meta(meta_lib)
     _grouped_mm_meta(meta_lib)
+    _masked_fill_meta(meta_lib)
     _patch_autocast(undo)
     _patch_native_mha(undo, cc)
     _install_device_mode(undo)

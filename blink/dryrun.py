@@ -6,8 +6,9 @@ meta tensors (a deepcopy with those pre-seeded in the memo, so no weight is ever
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 
 from . import zoo
 from .errors import BatchSizeError, ConfigError, DataDependentError, TraceError
-from .trace import _C, Trace, trace
+from .trace import _C, Trace, needs_values, trace
 
 MODES = ("inference", "train")
 OPTIMIZERS = ("adamw", "adam", "sgd", "none")
@@ -252,6 +253,7 @@ class Prepared:
     known: dict[str, bool | int | float] = field(default_factory=dict)
     known_values: bool = False
     items_answered: int = 0  # .item() calls the last execute answered from known values
+    shapes_sized: int = 0  # data-dependent shapes it sized from host copies (known_values.py)
 
     def known_values_mode(self) -> Any:
         """A blink.known_values.KnownValues mode that knows this run's known inputs."""
@@ -542,22 +544,26 @@ def trace_model(
                mode=mode, optimizer=optimizer, gpu=gpu, loss_fn=loss_fn, nonzero=nonzero,
                first_step=first_step, warmup=warmup, channels_last=channels_last,
                grad_checkpointing=grad_checkpointing, kv_cache=kv_cache)
-    if known_values is not None:
-        return _trace_once(model, inputs, known_values, **run)
-    try:
-        return _trace_once(model, inputs, False, **run)
-    except DataDependentError as exc:
-        if not asks_for_values(exc):
-            raise
-    return _trace_once(model, inputs, True, **run)
+    # (building a model on the host draws its initial values too: the caller's generators are
+    # left as they were)
+    with fixed_host_rng():
+        if known_values is not None:
+            return _trace_once(model, inputs, known_values, **run)
+        try:
+            return _trace_once(model, inputs, False, **run)
+        except DataDependentError as exc:
+            if not asks_for_values(exc):
+                raise
+        return _trace_once(model, inputs, True, **run)
 
 
 def asks_for_values(exc: BaseException) -> bool:
-    """Whether a dry run failed on .item() (a retry following known values may answer it):
-    blink's DataDependentError from a trace, or torch's own error from an untraced step."""
+    """Whether a dry run failed for want of tensor values (.item(), a data-dependent shape; a
+    retry following known values and host copies may answer it): blink's DataDependentError
+    from a trace, or torch's own error from an untraced step."""
     if isinstance(exc, DataDependentError):
-        return exc.op in ("aten::_local_scalar_dense", "aten::item")
-    return isinstance(exc, RuntimeError) and "item() cannot be called on meta" in str(exc)
+        return True
+    return isinstance(exc, (RuntimeError, NotImplementedError)) and needs_values(str(exc))
 
 
 def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool, *,
@@ -596,6 +602,7 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
             execute(p, loss_fn=loss_fn, optimizer=opt)
         if known_values:
             result.meta["items_answered"] = p.items_answered
+            result.meta["shapes_sized"] = p.shapes_sized
     except TraceError as exc:
         b = p.meta.get("batch_size")
         if b is not None and "overflow" in str(exc).lower():
@@ -640,6 +647,38 @@ def make_optimizer(p: Prepared) -> torch.optim.Optimizer | None:
     return _make_optimizer(p.meta["optimizer"] or "none", params)
 
 
+# The seed of the host's random draws inside every execute (see fixed_host_rng).
+HOST_SEED = 0
+
+
+@contextmanager
+def fixed_host_rng() -> Iterator[None]:
+    """Draw the host's random numbers from HOST_SEED, then give the caller's generators back.
+
+    A model's host-side draws decide which kernels a step runs (LayerDrop's ``torch.rand([])``
+    or ``random.uniform`` skips whole layers; SpecAugment's numpy masks size an indexing): a
+    fixed seed makes a prediction deterministic and lets a GPU run time the very step its dry
+    run costed. torch's CPU generator, Python's and numpy's global ones are restored after."""
+    try:
+        import numpy as np
+    except ImportError:  # (not a dependency of blink or torch; then nothing draws from it)
+        np = None
+    py_state = random.getstate()
+    np_state = np.random.get_state() if np is not None else None
+    torch_state = torch.random.get_rng_state()
+    torch.random.default_generator.manual_seed(HOST_SEED)
+    random.seed(HOST_SEED)
+    if np is not None:
+        np.random.seed(HOST_SEED)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(torch_state)
+        random.setstate(py_state)
+        if np is not None:
+            np.random.set_state(np_state)
+
+
 def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = None,
             optimizer: torch.optim.Optimizer | None = None,
             on_phase: Callable[[int], None] | None = None) -> None:
@@ -653,6 +692,7 @@ def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = N
     mode = p.meta["mode"]
     opt = optimizer if optimizer is not None else make_optimizer(p)
     with ExitStack() as stack:
+        stack.enter_context(fixed_host_rng())
         amp = stack.enter_context(ExitStack())
         if p.amp_dtype is not None:
             from .autocast import meta_autocast
@@ -663,6 +703,7 @@ def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = N
         if p.known_values:
             follow = stack.enter_context(p.known_values_mode())
             stack.callback(lambda: setattr(p, "items_answered", follow.answered))
+            stack.callback(lambda: setattr(p, "shapes_sized", follow.sized))
         out = p.net(*p.args, **p.kwargs)
         if mode == "inference":
             del out

@@ -19,8 +19,18 @@ ones). A progression of at most MAX_VALUES elements is also a value set. Anythin
 (values never known, a write of unknown values, a sum over several possible values) is not
 followed, and ``.item()`` on it still raises DataDependentError.
 
+A tensor made on the device from host memory (``torch.tensor(numpy_mask, device=...)``,
+``cpu_tensor.to(device)``) has values the host knows in full: its *host copy* (a CPU tensor of at
+most MAX_HOST_ELEMENTS elements) is kept and carried through every op whose tensor inputs all
+have one (the same op runs on the copies; an in-place write updates them or drops them). That
+answers ``.item()`` on such tensors, sizes the outputs of ops whose shape depends on values
+(``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave`` ...) from the copies, and
+indexes with a known boolean mask (``x[mask]``, e.g. the SpecAugment masks speech models draw
+with numpy) at the mask's true count, as CUDA's nonzero would.
+
 It is a TorchDispatchMode, so every op of the run passes through Python: blink.dryrun enters it
-only to retry a trace that failed on ``.item()``, never for traces that do not need it.
+only to retry a trace that failed on ``.item()`` or a data-dependent shape, never for traces that
+do not need it.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 aten = torch.ops.aten
 Value = bool | int | float
@@ -284,6 +294,42 @@ def _recall(table: dict[int, Any], t: torch.Tensor) -> Any:
     return entry[1]
 
 
+# A host copy larger than this is not kept: the copies stay cheap to carry and compute on.
+MAX_HOST_ELEMENTS = 1 << 20
+
+# Factories whose elements are not set (a host copy of them would be invented values).
+_UNSET = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
+          aten.new_empty_strided, aten.empty_permuted}
+# Ops that overwrite every element of their destination from their other inputs.
+_OVERWRITES = {aten.copy_, aten.fill_, aten.zero_}
+_MASK_DTYPES = (torch.bool, torch.uint8)
+_INDEX_OPS = {aten.index, aten._unsafe_index}
+
+
+def _whole_storage(t: torch.Tensor) -> bool:
+    """`t` is its storage's one contiguous view (writing all of it leaves no other values)."""
+    try:
+        return (t.is_contiguous() and t.storage_offset() == 0
+                and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def _small(t: torch.Tensor) -> bool:
+    return t.numel() <= MAX_HOST_ELEMENTS
+
+
+class _NoRecord:
+    """Host-copy arithmetic runs on the CPU inside an op the trace records: RecordFunction off,
+    so blink's tracer (and any profiler) never sees it."""
+
+    def __enter__(self) -> None:
+        torch.autograd._enable_record_function(False)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.autograd._enable_record_function(True)
+
+
 class KnownValues(TorchDispatchMode):
     """Follow value sets and answer ``.item()`` where one value is left (module docstring).
 
@@ -297,7 +343,9 @@ class KnownValues(TorchDispatchMode):
         # tensor (a weakref callback), so an id is never read for another tensor.
         self._marks: dict[int, tuple[weakref.ref[torch.Tensor], Values, int]] = {}
         self._progs: dict[int, tuple[weakref.ref[torch.Tensor], Prog, int]] = {}
+        self._host: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor, int]] = {}
         self.answered = 0
+        self.sized = 0  # data-dependent shapes sized from host copies
         for t, value in known:
             self.mark(t, frozenset({value}))
 
@@ -367,6 +415,165 @@ class KnownValues(TorchDispatchMode):
         else:
             self.mark(t, after)
 
+    # -- host copies ------------------------------------------------------------------------
+    def host(self, t: object) -> torch.Tensor | None:
+        """The CPU tensor holding `t`'s values (a CPU tensor is its own), or None."""
+        if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor:
+            return None
+        if t.device.type == "cpu":
+            return t if _small(t) and t.layout == torch.strided else None
+        return _recall(self._host, t)
+
+    def _keep_host(self, t: object, h: object) -> None:
+        if not (isinstance(t, torch.Tensor) and isinstance(h, torch.Tensor)):
+            return
+        storage = _storage_key(t)
+        if (t.device.type == "cpu" or storage is None or h.shape != t.shape
+                or h.dtype != t.dtype or not _small(h)):
+            self._host.pop(id(t), None)
+            return
+        _remember(self._host, t, h, storage)
+
+    def _on_host(self, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+        """`args` / `kwargs` with every tensor replaced by its host copy and the device by the
+        CPU, or None when a tensor has none."""
+        missing = False
+
+        def swap(x: Any) -> Any:
+            nonlocal missing
+            if isinstance(x, torch.Tensor):
+                h = self.host(x)
+                if h is None:
+                    missing = True
+                return h
+            if isinstance(x, torch.device) and x.type != "cpu":
+                return torch.device("cpu")
+            if isinstance(x, (list, tuple)):
+                return type(x)(swap(v) for v in x)
+            return x
+
+        cargs = swap(args)
+        ckwargs = {k: (torch.device("cpu") if k == "device" and v is not None else swap(v))
+                   for k, v in kwargs.items()}
+        return None if missing else (cargs, ckwargs)
+
+    def _follow_host(self, func: Any, packet: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any], out: Any, written: list[torch.Tensor]) -> None:
+        """Carry host copies through `func` (already run on the device as `out`)."""
+        outs = [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+        if all(x.device.type == "cpu" for x in (written or outs)):
+            return  # CPU results hold their values already (and were written once)
+        tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if not self._host and packet not in _OVERWRITES and any(
+                x.device.type != "cpu" for x in tensors):
+            return  # no host copy yet: only a copy from the host, a fill or a factory starts one
+        if packet in _UNSET or torch.Tag.nondeterministic_seeded in func.tags:
+            for t in written:
+                self._drop_storage(t, None)
+            return
+        if any(not _small(x) for x in tensors + outs) or not (outs or written):
+            for t in written:
+                self._drop_storage(t, None)
+            return
+        if written and packet in _OVERWRITES and len(written) == 1 and self.host(
+                written[0]) is None and _whole_storage(written[0]):
+            dst = written[0]  # a new host copy, its every element about to be written
+            self._keep_host(dst, torch.empty_strided(dst.shape, dst.stride(), dtype=dst.dtype))
+        swapped = self._on_host(args, kwargs)
+        if swapped is None:
+            for t in written:
+                self._drop_storage(t, None)
+            return
+        try:
+            with _NoRecord():
+                cout = func(*swapped[0], **swapped[1])
+            ran = True
+        except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
+            cout, ran = None, False
+        for t in written:  # its host copy was written in place: its views' copies are current
+            self._drop_storage(t, self.host(t) if ran else None)
+        if not ran or written:
+            return
+        couts = [x for x in tree_leaves(cout) if isinstance(x, torch.Tensor)]
+        if len(couts) == len(outs):
+            for t, h in zip(outs, couts, strict=True):
+                self._keep_host(t, h)
+
+    def _drop_storage(self, t: torch.Tensor, kept: torch.Tensor | None) -> None:
+        """`t` was written: host copies of views of its storage stay only where they view the
+        host copy `kept` that was written the same way."""
+        key = _storage_key(t)
+        base = _storage_key(kept) if kept is not None else None
+        for k, (_ref, h, storage) in list(self._host.items()):
+            if key is None or storage == key:
+                if base is None or _storage_key(h) != base:
+                    self._host.pop(k, None)
+
+    def _mask_count(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The host coordinates of a boolean mask's set elements (its nonzero), or None."""
+        h = self.host(t)
+        if h is not None:
+            with _NoRecord():
+                return h.nonzero()
+        vs = self.values(t)
+        if vs is not None and len(vs) == 1 and _small(t):
+            with _NoRecord():  # every element the same: all set or none
+                return torch.ones(t.shape, dtype=torch.bool).nonzero() if next(
+                    iter(vs)) else torch.empty((0, t.dim()), dtype=torch.long)
+        return None
+
+    def _sized_by_host(self, func: Any, packet: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+        """The outputs of an op whose shape depends on values, sized from host copies (None:
+        not known; the op runs as it would)."""
+        device = next((x.device for x in tree_leaves((args, kwargs))
+                       if isinstance(x, torch.Tensor) and x.device.type != "cpu"), None)
+        if device is None:
+            return None
+        swapped = self._on_host(args, kwargs)
+        if swapped is not None:
+            try:
+                with _NoRecord():
+                    cout = func(*swapped[0], **swapped[1])
+            except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError):
+                return None
+
+            def to_device(h: Any) -> Any:
+                if not isinstance(h, torch.Tensor):
+                    return h
+                t = torch.empty_strided(h.shape, h.stride(), dtype=h.dtype, device=device)
+                self._keep_host(t, h)
+                return t
+
+            return tree_map(to_device, cout)
+        if packet in _INDEX_OPS and len(args) == 2:
+            # x[mask] with a known mask, x not: the mask becomes its coordinates first, as in
+            # CUDA's expandTensors (IndexingUtils.h), and the gather runs on them.
+            indices: list[Any] = []
+            if not any(isinstance(i, torch.Tensor) and i.dtype in _MASK_DTYPES for i in args[1]):
+                return None
+            for i in args[1]:
+                if isinstance(i, torch.Tensor) and i.dtype in _MASK_DTYPES:
+                    coords = self._mask_count(i)
+                    if coords is None:
+                        return None
+                    for j in range(i.dim()):
+                        col = torch.empty((coords.shape[0],), dtype=torch.long, device=device)
+                        self._keep_host(col, coords[:, j].contiguous())
+                        indices.append(col)
+                else:
+                    indices.append(i)
+            return func(args[0], indices)
+        if packet is aten.masked_select and len(args) == 2:
+            mask = args[1]
+            shape = torch.broadcast_shapes(args[0].shape, mask.shape)
+            coords = self._mask_count(mask)
+            if coords is None:
+                return None
+            count = coords.shape[0] * math.prod(shape) // max(1, mask.numel())
+            return torch.empty((count,), dtype=args[0].dtype, device=device)
+        return None
+
     # -- the mode -------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -374,16 +581,27 @@ class KnownValues(TorchDispatchMode):
         packet = func.overloadpacket
         if packet is aten._local_scalar_dense and args[0].device.type != "cpu":
             # (a CPU tensor, such as an optimizer's step count, has its value: torch reads it)
+            h = self.host(args[0])
+            if h is not None:
+                self.answered += 1
+                with _NoRecord():
+                    return h.item()
             vs = self.values(args[0])
             if vs is not None and len(vs) == 1:
                 self.answered += 1
                 return next(iter(vs))
+        if torch.Tag.dynamic_output_shape in func.tags:
+            sized = self._sized_by_host(func, packet, args, kwargs)
+            if sized is not None:
+                self.sized += 1
+                return sized
         written = _written(func, args, kwargs)
         try:
             result = self._result_values(func, packet, args, kwargs)
         except (TypeError, ValueError, ArithmeticError, IndexError):
             result = None  # a rule that does not fit this call: unknown, never an error
         out = func(*args, **kwargs)
+        self._follow_host(func, packet, args, kwargs, out, written)
         if written:
             for i, t in enumerate(written):
                 # max / min out=(values, indices): only the values are known

@@ -600,8 +600,13 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     answered = t.meta.get("items_answered")
     if answered:
         notes.append(f"{answered} .item() call(s) in the model's code answered from tensors whose "
-                     "values Blink follows (all-ones masks, its own token ids; "
-                     "blink/known_values.py); their GPU sync is not costed")
+                     "values Blink follows (all-ones masks, its own token ids, tensors copied "
+                     "from host memory; blink/known_values.py)")
+    sized = t.meta.get("shapes_sized")
+    if sized:
+        notes.append(f"{sized} data-dependent shape(s) (nonzero, boolean-mask indexing, ...) sized "
+                     "from values the host made (a numpy mask copied to the device; "
+                     "blink/known_values.py); the masks drawn at random are this dry run's draw")
     models = None
     if predictor in ("auto", "trees"):
         models = load_models()  # ArtifactError for a corrupt or incompatible models/

@@ -718,6 +718,14 @@ class cuda_sdpa:  # noqa: N801 - a context manager, like torch.no_grad
             self._lib = None
 
 
+def needs_values(text: str) -> bool:
+    """Whether torch's error text says an op on the meta device needed tensor values (.item(),
+    a data-dependent output shape)."""
+    return ("cannot be called on meta tensors" in text or "nonzero" in text
+            or "Cannot copy out of meta tensor" in text
+            or "meta tensor without output_size" in text)
+
+
 def _translate(exc: Exception, failure: tuple[str, str | None] | None,
                stack: list[str]) -> TraceError:
     """Turn a dry-run failure into an error that names the op and the module path."""
@@ -729,17 +737,17 @@ def _translate(exc: Exception, failure: tuple[str, str | None] | None,
     where = f" in module '{module}'" if module else ""
     if module == "":
         where = " in the model's own forward"
-    if op in _DATA_DEPENDENT_OPS or "cannot be called on meta tensors" in text \
-            or "nonzero" in text or "Cannot copy out of meta tensor" in text:
+    if op in _DATA_DEPENDENT_OPS or needs_values(text):
         op = op or "aten::_local_scalar_dense"
         return DataDependentError(
             f"{op}{where} needs tensor values, which a dry run on the meta device does not have "
             f"({text[:200]}). Data-dependent shapes (nonzero, boolean-mask indexing) can be "
             "traced with nonzero='assume_all' (every element counted as non-zero: an upper "
             "bound); .item()/.tolist()/if-on-a-tensor must be removed from the traced code or "
-            "replaced by a value known ahead (e.g. a Python int). Blink answers .item() only on "
-            "tensors whose values it follows from constants (ones/zeros/full, its own token "
-            "ids; blink/known_values.py).",
+            "replaced by a value known ahead (e.g. a Python int). Blink answers .item() and "
+            "sizes such shapes only from tensors whose values it follows: constants (ones/"
+            "zeros/full, its own token ids) and tensors copied from host memory (a numpy mask, "
+            "cpu_tensor.to(device)); blink/known_values.py.",
             op=op, module=module)
     if "NVIDIA driver" in text or "not compiled with CUDA" in text or "CUDA driver" in text:
         return TraceError(

@@ -109,14 +109,18 @@ def test_unknown_or_overwritten_values_still_raise():
             m.sum().item()
         m.fill_(2.0)  # a uniform fill: known again
         assert m.sum().item() == 8.0
-        torch._foreach_mul_([m], 3.0)  # an in-place list op no rule covers: forgotten
+        torch._foreach_mul_([m], 3.0)  # in place on a tensor known in full: still known
+        assert m.sum().item() == 24.0
+        m.add_(x[0])  # an in-place op with an unknown operand: forgotten
         with pytest.raises(RuntimeError, match="meta"):
             m.sum().item()
         z = torch.zeros(4, device="meta")
-        z[1:] = torch.ones(3, device="meta")  # a partial write: the set is {0, 1}
+        z[1:] = torch.ones(3, device="meta")  # a partial write of known values
         assert (z >= 0).all().item() and not (z > 1).any().item()
+        assert z.sum().item() == 3.0
+        z[:2] = x[:2]  # a partial write of unknown values: the other view is forgotten too
         with pytest.raises(RuntimeError, match="meta"):
-            z.sum().item()  # a sum over several possible values is not known
+            z[2:].sum().item()
 
 
 TINY_BART = {"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
