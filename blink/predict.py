@@ -704,8 +704,9 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
             waited_s += max(0.0, he - hs - h)
     if syncs:
         notes.append(f"{syncs} op(s) copy a GPU value to the host (.item(), nonzero, unique, "
-                     f"_grouped_mm's per-group loop) and hold the CPU until the GPU has run "
-                     f"everything before them: {waited_s * 1e3:.3f} ms of waiting")
+                     f"boolean-mask indexing, _grouped_mm's per-group loop) or copy host memory "
+                     f"without non_blocking, and hold the CPU until the GPU has run everything "
+                     f"before them: {waited_s * 1e3:.3f} ms of waiting")
     time_ms = cost["end_to_end_s"] * 1e3
     host_s, gpu_busy_s, lower_s = cost["host_s"], cost["gpu_busy_s"], cost["lower_bound_s"]
     blended = False

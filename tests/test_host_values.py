@@ -136,8 +136,10 @@ def test_a_mask_index_costs_the_nonzero_kernels_and_a_sync():
     # reads the mask twice and writes its int64 coordinates, then the same gather reads them
     mask_bytes = 64 * 512
     assert by_mask.bytes == pytest.approx(by_coords.bytes + 2 * mask_bytes + 8 * 2 * rows)
-    syncs = [e for e in p.timeline if e["syncs"]]
-    assert [e["op"] for e in syncs] == ["aten::index.Tensor"]
+    syncs = [e["op"] for e in p.timeline if e["syncs"]]
+    # the mask's nonzero, and the three blocking copies from host memory
+    assert [op for op in syncs if op.startswith("aten::index")] == ["aten::index.Tensor"]
+    assert len(syncs) == 4
 
 
 def test_host_random_draws_are_fixed_and_the_callers_generators_kept(tmp_path):
@@ -193,3 +195,27 @@ def lambda_module(fn):  # noqa: ANN001, ANN201 - a test helper
 def test_zoo_models_keep_no_tensor_off_the_meta_device(w2v):
     net = blink.zoo.build(w2v)
     assert all(t.device.type == "meta" for t in [*net.parameters(), *net.buffers()])
+
+
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_a_host_to_device_copy_waits_unless_non_blocking(non_blocking):
+    # copy_kernel_cuda (cuda/Copy.cu): memcpy_and_sync, a cudaStreamSynchronize, unless
+    # non_blocking; the copy waits for the GEMMs queued before it
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(2048, 2048)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(self.fc(x))
+            offsets = torch.arange(2048, dtype=x.dtype)  # made on the host
+            return y + offsets.to(y.device, non_blocking=non_blocking)
+
+    p = blink.predict(Net(), (torch.empty(4096, 2048, device="meta"),), gpu="H100-SXM")
+    waits = [e for e in p.timeline if e["syncs"]]
+    if non_blocking:
+        assert waits == []
+    else:
+        assert len(waits) == 1 and waits[0]["op"].startswith(("aten::to", "aten::copy_"))
+        gpu_done = max(e["gpu_end_s"] for e in p.timeline if e["op"].startswith("aten::linear"))
+        assert waits[0]["host_end_s"] >= gpu_done

@@ -808,6 +808,16 @@ Tiling f_write_only(const Ctx& c, const Rule& r, UnitFeatures& f) {
 
 // Copies: bytes only. p0 = the destination input (copy_: 0), -1 when the op allocates its
 // output. An output that is the input itself (contiguous() of a contiguous tensor) is no copy.
+constexpr int kCpuDevice = 0;  // c10::DeviceType::CPU
+
+// The input position of the copy op's non_blocking flag (-1: none, the copy blocks).
+int nonblocking_position(const std::string& op) {
+  const std::string base = op_base_name(op);
+  if (base == "aten::_to_copy") return 5;  // (self, *, dtype, layout, device, pin_memory, nb)
+  if (base == "aten::copy_" || base == "aten::copy" || base == "aten::_copy_from") return 2;
+  return -1;
+}
+
 Tiling f_copy(const Ctx& c, const Rule& r, UnitFeatures& f) {
   if (r.p0 < 0 && has_tensor(c.out)) {
     bool all_alias = true;
@@ -832,6 +842,16 @@ Tiling f_copy(const Ctx& c, const Rule& r, UnitFeatures& f) {
     for_each_tensor(c.in[i], [&](const TensorInfo& t) { srcs.push_back(&t); });
   }
   f.permuted = dst != nullptr && permuted_access(*dst, srcs);
+  // A copy between host and device memory (x.to(device) of a CPU tensor, torch.tensor(data,
+  // device=...)) is one cudaMemcpyAsync; without non_blocking, copy_kernel_cuda
+  // (aten/src/ATen/native/cuda/Copy.cu) calls memcpy_and_sync, a cudaStreamSynchronize: the
+  // CPU waits for everything queued before it.
+  if (dst != nullptr) {
+    const bool crosses = std::any_of(srcs.begin(), srcs.end(), [&](const TensorInfo* s) {
+      return (s->device_type == kCpuDevice) != (dst->device_type == kCpuDevice);
+    });
+    if (crosses && !bool_at(c.in, nonblocking_position(c.op), false)) f.host_sync = true;
+  }
   return elementwise_tiling(static_cast<double>(f.numel));
 }
 
