@@ -33,6 +33,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache", type=int, default=None, metavar="TOKENS",
                    help="a generation step: --seq-len new tokens (1: one decode step) after "
                         "TOKENS already in the KV cache (transformers causal LMs, inference)")
+    p.add_argument("--nonzero", choices=["error", "assume_all"], default="error",
+                   help="data-dependent shapes Blink cannot size from known values (nonzero, "
+                        "x[mask] of activations): an error (default) or every element "
+                        "counted as non-zero, an upper bound")
     p.add_argument("--json", action="store_true",
                    help="print JSON instead of the table (with --out: only to the file)")
     p.add_argument("--out", "-o", metavar="PATH", default=None,
@@ -87,7 +91,8 @@ def _run_kwargs(a: argparse.Namespace) -> dict:
     return {"inputs": inputs, "batch_size": None if inputs is not None else a.batch_size,
             "seq_len": a.seq_len, "dtype": a.dtype, "mode": a.mode, "optimizer": a.optimizer,
             "gpu": a.gpu, "channels_last": a.channels_last,
-            "grad_checkpointing": a.grad_checkpointing, "kv_cache": a.kv_cache}
+            "grad_checkpointing": a.grad_checkpointing, "kv_cache": a.kv_cache,
+            "nonzero": a.nonzero}
 
 
 def _cmd_trace(a: argparse.Namespace) -> int:

@@ -579,6 +579,8 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
         if opt is not None:
             _prime_optimizer_state(opt)
     p.meta["first_step"] = bool(first_step) if mode == "train" else None
+    if nonzero != "error":
+        p.meta["nonzero"] = nonzero
     key = cache_keyword(p)
     plain = {k: v for k, v in p.kwargs.items() if k != key}
     resident = {"inputs": _tensors((p.args, plain, p.labels)),

@@ -602,6 +602,10 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         notes.append(f"{answered} .item() call(s) in the model's code answered from tensors whose "
                      "values Blink follows (all-ones masks, its own token ids, tensors copied "
                      "from host memory; blink/known_values.py)")
+    if t.meta.get("nonzero") == "assume_all":
+        notes.append("nonzero='assume_all': data-dependent shapes Blink could not size "
+                     "(nonzero, boolean-mask indexing of values it does not know) were taken "
+                     "with every element non-zero, an upper bound on their time and memory")
     sized = t.meta.get("shapes_sized")
     if sized:
         notes.append(f"{sized} data-dependent shape(s) (nonzero, boolean-mask indexing, ...) sized "

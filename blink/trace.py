@@ -742,12 +742,12 @@ def _translate(exc: Exception, failure: tuple[str, str | None] | None,
         return DataDependentError(
             f"{op}{where} needs tensor values, which a dry run on the meta device does not have "
             f"({text[:200]}). Data-dependent shapes (nonzero, boolean-mask indexing) can be "
-            "traced with nonzero='assume_all' (every element counted as non-zero: an upper "
-            "bound); .item()/.tolist()/if-on-a-tensor must be removed from the traced code or "
-            "replaced by a value known ahead (e.g. a Python int). Blink answers .item() and "
-            "sizes such shapes only from tensors whose values it follows: constants (ones/"
-            "zeros/full, its own token ids) and tensors copied from host memory (a numpy mask, "
-            "cpu_tensor.to(device)); blink/known_values.py.",
+            "traced with nonzero='assume_all' (CLI: --nonzero assume_all; every element "
+            "counted as non-zero: an upper bound); .item()/.tolist()/if-on-a-tensor must be "
+            "removed from the traced code or replaced by a value known ahead (e.g. a Python "
+            "int). Blink answers .item() and sizes such shapes only from tensors whose values "
+            "it follows: constants (ones/zeros/full, its own token ids) and tensors copied "
+            "from host memory (a numpy mask, cpu_tensor.to(device)); blink/known_values.py.",
             op=op, module=module)
     if "NVIDIA driver" in text or "not compiled with CUDA" in text or "CUDA driver" in text:
         return TraceError(

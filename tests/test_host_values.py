@@ -219,3 +219,37 @@ def test_a_host_to_device_copy_waits_unless_non_blocking(non_blocking):
         assert len(waits) == 1 and waits[0]["op"].startswith(("aten::to", "aten::copy_"))
         gpu_done = max(e["gpu_end_s"] for e in p.timeline if e["op"].startswith("aten::linear"))
         assert waits[0]["host_end_s"] >= gpu_done
+
+
+ACTIVATION_MASK = '''
+import torch
+
+
+class Keep(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y[y > 0]  # a mask of activations: its count is data no dry run has
+
+
+def build():
+    return Keep()
+'''
+
+
+def test_cli_sizes_unknown_masks_only_when_asked(tmp_path, capsys):
+    from blink.cli import main
+
+    path = tmp_path / "keep.py"
+    path.write_text(ACTIVATION_MASK)
+    argv = ["predict", f"{path}:build", "--input-shape", "64", "-b", "8", "--gpu", "H100-SXM"]
+    assert main(argv) == 2
+    assert "--nonzero assume_all" in capsys.readouterr().err
+    assert main([*argv, "--nonzero", "assume_all", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (gather,) = [u for u in doc["units"] if u["op"].startswith("aten::index")]
+    assert gather["bytes"] >= 8 * 64 * 4  # every element taken as kept
+    assert any("upper bound" in n for n in doc["notes"])
