@@ -299,7 +299,8 @@ MAX_HOST_ELEMENTS = 1 << 20
 
 # Factories whose elements are not set (a host copy of them would be invented values).
 _UNSET = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
-          aten.new_empty_strided, aten.empty_permuted}
+          aten.new_empty_strided, aten.empty_permuted, aten.resize_, aten.resize_as_,
+          aten.set_}
 # Ops that overwrite every element of their destination from their other inputs.
 _OVERWRITES = {aten.copy_, aten.fill_, aten.zero_}
 _MASK_DTYPES = (torch.bool, torch.uint8)
@@ -428,8 +429,11 @@ class KnownValues(TorchDispatchMode):
         if not (isinstance(t, torch.Tensor) and isinstance(h, torch.Tensor)):
             return
         storage = _storage_key(t)
+        # the same layout too: a later as_strided or view reads the copy's storage as the
+        # device tensor's
         if (t.device.type == "cpu" or storage is None or h.shape != t.shape
-                or h.dtype != t.dtype or not _small(h)):
+                or h.dtype != t.dtype or not _small(h) or h.stride() != t.stride()
+                or h.storage_offset() != t.storage_offset()):
             self._host.pop(id(t), None)
             return
         _remember(self._host, t, h, storage)
