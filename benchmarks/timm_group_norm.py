@@ -12,13 +12,18 @@ charges those kernels their bytes.
 
 Per model with an nn.GroupNorm: measured / analytic, the share of the analytic time in group
 norms and in dtype-casting copies, and measured / (analytic less both). Beside them, the
-median measured / analytic of every row without a group norm. A finding, not a rule: the rows
-run in about the time their program would take without the fp32 group norms and casts, which
-blink cannot explain from the eager program. resnetv2_50d_gn at batch 1024 is measured at
-372 ms; its casts, float32 group norms and float32 ReLUs move ~285 GB (0.30 s at the full
-936 GB/s) and its convolutions are 9 TFLOP (0.13 s at the 71 TFLOP/s fp16 peak). The GPU
-preset (`builtin:gnnet` under amp-fp16, benchmarks/collect_gpu.sh) measures those kernels one
-by one.
+median measured / analytic of every row without a group norm.
+
+The first finding: the rows ran in about the time their program would take without the fp32
+group norms and casts (resnetv2_50d_gn at batch 1024: 372 ms measured, while its casts,
+float32 group norms and float32 ReLUs alone move ~285 GB, 0.30 s at the full 936 GB/s). The
+cause: the 2024 inference files were measured with timm's fast norm (benchmark.py
+--fast-norm), whose GroupNormAct / LayerNorm layers run in the autocast dtype. The timm cache
+now traces the inference rows that way (blink/train/timm_cache.py _Source.fast_norm, with the
+evidence), so this table shows what is left once the program matches: the group norms run in
+fp16 and there are no casts around them. The training file (torch 1.12) was measured without
+it. The GPU preset (`builtin:gnnet` under amp-fp16, benchmarks/collect_gpu.sh) measures the
+default fp32 path's kernels one by one.
 """
 from __future__ import annotations
 

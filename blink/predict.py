@@ -409,19 +409,19 @@ def replay_memory(native: Any, *, capacity_bytes: int, expandable_segments: bool
 
 
 def _group_norm_note(t: Trace, units: list[UnitRow]) -> str | None:
-    """A caveat for AMP inference with float32 group norms (autocast's fp32 list), whose public
-    measurements run well below the analytic time (benchmarks/timm_group_norm.py); None when
-    group norms are under 5% of the unit time."""
+    """Where an AMP inference's time goes when its group norms run in float32 (autocast's fp32
+    list); None when they are under 5% of the unit time."""
     if t.meta.get("mode") != "inference" or not str(t.meta.get("dtype", "")).startswith("amp-"):
         return None
     total = sum(u.time_ms for u in units)
     gn = sum(u.time_ms for u in units if "group_norm" in u.op)
     if total <= 0 or gn < 0.05 * total:
         return None
-    return (f"{100 * gn / total:.0f}% of the unit time is float32 group norm (autocast keeps it in "
-            "fp32, with casts around it); timm's group-norm models on an RTX 3090 (torch 2.4) "
-            "ran at a median 0.73x of Blink's analytic time where other models ran at 0.88x "
-            "(benchmarks/timm_group_norm.py): its unit times may be high")
+    return (f"{100 * gn / total:.0f}% of the unit time is float32 group norm: CUDA autocast keeps "
+            "group_norm in fp32, with casts around it (and the activation after it in fp32). "
+            "A norm run in the autocast dtype (timm.layers.set_fast_norm() before building a "
+            "timm model) avoids them; the public timm RTX 3090 inference times were measured "
+            "that way (benchmarks/timm_group_norm.py)")
 
 
 def _memory_budget(spec: GPUSpec, memory_budget: object) -> int:

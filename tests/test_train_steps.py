@@ -100,6 +100,29 @@ def test_training_steps_trace_attention_as_torch_1_12_ran_it():
     assert "aten::_softmax" not in infer.op_counts()
 
 
+def test_inference_rows_trace_timm_norms_in_the_autocast_dtype_as_measured():
+    """The 2024 inference files were measured with timm's fast norm (its GroupNormAct /
+    LayerNorm run in fp16 under AMP), the 2022 training file with torch's fp32 force-cast
+    (blink/train/timm_cache.py _Source.fast_norm): the inference trace of a GroupNorm ResNet
+    has no float32 group norm and none of the casts around it, the training trace has both;
+    timm's global switch is left as the caller had it."""
+    from timm.layers import fast_norm
+
+    before = fast_norm.is_fast_norm()
+    infer, _ = timm_cache.build_model("resnetv2_50d_gn", 2, 64)
+    train, _ = timm_cache.build_model("resnetv2_50d_gn", 2, 64, mode="train")
+    assert fast_norm.is_fast_norm() == before
+
+    def norm_dtypes(t: object) -> set:
+        return {str(op.tensors("inputs")[0].dtype) for op in t.ops
+                if op.name == "aten::native_group_norm"}
+
+    assert norm_dtypes(infer) == {"float16"}
+    assert norm_dtypes(train) == {"float32"}
+    casts = [op for op in train.ops if op.name == "aten::_to_copy" and op.phase == "forward"]
+    assert len(casts) > len([op for op in infer.ops if op.name == "aten::_to_copy"])
+
+
 @needs_cache
 def test_training_step_correction_beats_analytic_on_held_out_families(steps):
     """Fitted on four folds of families, predicting the fifth: the correction's MAPE is below

@@ -76,18 +76,31 @@ class _Source:
     # as q @ k^T, softmax, @ v; blink traces timm's same non-fused path instead of costing
     # flash kernels that never ran (deit_small training step: 1.23 -> 1.02 measured/predicted).
     fused_attention: bool = True
+    # timm's fast norm (benchmark.py --fast-norm, timm.layers.set_fast_norm): under AMP its
+    # norm layers (GroupNormAct, LayerNorm, LayerNorm2d, RmsNorm ...) run in the autocast dtype
+    # instead of torch's fp32 force-cast (group_norm / layer_norm are on autocast's fp32 list:
+    # a float32 copy in, float32 out, the next fp16 op casting back). The 2024 inference files
+    # were measured that way, the 2022 training file was not: traced both ways, measured /
+    # analytic for resnetv2_50d_gn (a GroupNorm twin of resnetv2_50d, 1.14) is 1.79 default vs
+    # 1.06 fast in inference and 1.00 default vs 0.66 fast in training; resnetv2_50x1_bit 1.77
+    # vs 1.06, convnext_tiny 1.13 vs 0.99, davit_tiny 1.21 vs 0.99, gcvit_tiny 1.23 vs 1.04,
+    # maxvit_tiny_rw_224 1.12 vs 1.00, vit_small 1.06 vs 1.01 (eva02_small 0.96 vs 0.92 the
+    # exception); training convnext_tiny 0.88 vs 0.79, vit_small 0.96 vs 0.93. A property of
+    # how the rows were measured, not of the cost model: blink's users' default (no fast norm)
+    # is what blink.predict traces.
+    fast_norm: bool = False
 
 
 # The training file times zero_grad, forward + cross entropy under AMP, backward and an SGD step
 # (momentum 0.9): blink traces the same step (mode "train", optimizer "sgd").
 MODES = {
-    "inference": _Source(SOURCE_FILE, CACHE_NAME, "infer", "inference"),
+    "inference": _Source(SOURCE_FILE, CACHE_NAME, "infer", "inference", fast_norm=True),
     "train": _Source(TRAIN_SOURCE_FILE, TRAIN_CACHE_NAME, "train", "train",
                      fused_attention=False),
     # The same inference benchmark run channels-last (benchmark.py --channels-last): never
     # trained on; benchmarks/timm_layouts.py checks blink's layout costing against it.
     "inference-nhwc": _Source(NHWC_SOURCE_FILE, NHWC_CACHE_NAME, "infer", "inference",
-                              channels_last=True),
+                              channels_last=True, fast_norm=True),
 }
 
 
@@ -160,6 +173,20 @@ def _timm_fused_attention(enable: bool) -> Iterator[None]:
         config._USE_FUSED_ATTN = before
 
 
+@contextlib.contextmanager
+def _timm_fast_norm(enable: bool) -> Iterator[None]:
+    """timm's global fast-norm switch set to `enable` while models are built (its norm layers
+    read it in __init__), then put back as it was."""
+    from timm.layers import fast_norm
+
+    before = fast_norm.is_fast_norm()
+    fast_norm.set_fast_norm(enable)
+    try:
+        yield
+    finally:
+        fast_norm.set_fast_norm(before)
+
+
 def build_model(name: str, batch: int, img: int, want_params: float | None = None,
                 mode: str = "inference") -> tuple[Any, int]:
     """(trace, param count) of the timm model `name` at random init on meta, traced at (batch,
@@ -172,7 +199,8 @@ def build_model(name: str, batch: int, img: int, want_params: float | None = Non
     from ..dryrun import trace_model
 
     src = _source(mode)
-    with torch.device("meta"), _timm_fused_attention(src.fused_attention):
+    with torch.device("meta"), _timm_fused_attention(src.fused_attention), \
+            _timm_fast_norm(src.fast_norm):
         model = timm.create_model(name, pretrained=False)
     params = sum(p.numel() for p in model.parameters())
     if want_params is not None and abs(params - want_params) > PARAM_TOLERANCE * want_params:
@@ -262,6 +290,7 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
         "blink_commit": commit, "torch_version": torch.__version__,
         "timm_version": timm.__version__, "gpu": GPU, "dtype": "amp-fp16",
         "mode": source.trace_mode, "channels_last": source.channels_last,
+        "timm_fused_attention": source.fused_attention, "timm_fast_norm": source.fast_norm,
         "command": "python -m blink.train.timm_cache"
         + ("" if mode == "inference" else f" --mode {mode}")
         + ("" if max_models == DEFAULT_MAX_MODELS else f" --max-models {max_models}"),
