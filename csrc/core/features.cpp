@@ -806,8 +806,6 @@ Tiling f_write_only(const Ctx& c, const Rule& r, UnitFeatures& f) {
   return elementwise_tiling(static_cast<double>(f.numel));
 }
 
-// Copies: bytes only. p0 = the destination input (copy_: 0), -1 when the op allocates its
-// output. An output that is the input itself (contiguous() of a contiguous tensor) is no copy.
 constexpr int kCpuDevice = 0;  // c10::DeviceType::CPU
 
 // The input position of the copy op's non_blocking flag (-1: none, the copy blocks).
@@ -818,6 +816,8 @@ int nonblocking_position(const std::string& op) {
   return -1;
 }
 
+// Copies: bytes only. p0 = the destination input (copy_: 0), -1 when the op allocates its
+// output. An output that is the input itself (contiguous() of a contiguous tensor) is no copy.
 Tiling f_copy(const Ctx& c, const Rule& r, UnitFeatures& f) {
   if (r.p0 < 0 && has_tensor(c.out)) {
     bool all_alias = true;
@@ -901,8 +901,8 @@ Tiling f_gather(const Ctx& c, const Rule& r, UnitFeatures& f) {
   count_writes(c, f, -1);
   double coords = 0.0;  // bytes of the int64 coordinates a mask becomes
   if (mask != nullptr) {
-    const double rows_per = r.p2 == 1 ? 1.0 : static_cast<double>(std::max<int64_t>(
-                                                  1, numel_of(src) / std::max<int64_t>(1, numel_of(*mask))));
+    const int64_t per_set = numel_of(src) / std::max<int64_t>(1, numel_of(*mask));
+    const double rows_per = r.p2 == 1 ? 1.0 : static_cast<double>(std::max<int64_t>(1, per_set));
     const double count = static_cast<double>(f.numel) / rows_per;
     add_mask_nonzero(*mask, count, f);
     coords = 8.0 * static_cast<double>(mask->sizes.size()) * count;
@@ -1329,7 +1329,8 @@ Tiling f_index_put(const Ctx& c, const Rule& r, UnitFeatures& f) {
   }
   if (mask != nullptr) {
     const TensorInfo* values = tensor_at(c.in, 2);
-    const int64_t row = std::max<int64_t>(1, numel_of(self) / std::max<int64_t>(1, numel_of(*mask)));
+    const int64_t per_set = numel_of(self) / std::max<int64_t>(1, numel_of(*mask));
+    const int64_t row = std::max<int64_t>(1, per_set);
     const int64_t given = values != nullptr ? numel_of(*values) : 0;
     const int64_t count = given > row ? given / row : numel_of(*mask);
     add_mask_nonzero(*mask, static_cast<double>(count), f);
