@@ -536,9 +536,13 @@ def trace_model(
     layers the step replaces with longer ones (DynamicCache's torch.cat) are released, as on a
     GPU.
 
-    known_values: whether to follow tensors of known values and answer .item() on them
-    (blink.known_values); None (default) does so only to retry a trace that failed on .item(),
-    as that mode sends every op through Python.
+    known_values: whether to follow tensors of known values (and host copies of tensors made
+    from host memory) to answer .item() and size data-dependent shapes (blink.known_values);
+    None (default) does so only to retry a trace that failed for want of values, as that mode
+    sends every op through Python.
+
+    The host's random draws inside the step (LayerDrop, numpy masks) come from a fixed seed
+    (fixed_host_rng); the caller's generators are left as they were.
     """
     run = dict(input_shape=input_shape, batch_size=batch_size, seq_len=seq_len, dtype=dtype,
                mode=mode, optimizer=optimizer, gpu=gpu, loss_fn=loss_fn, nonzero=nonzero,
