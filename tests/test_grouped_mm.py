@@ -4,10 +4,9 @@ sm_90 / sm_100, else one cuBLAS call per group after a device-to-host copy of th
 host-device syncs on the eager timeline."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from hf_helpers import hf_config
 
 import blink
 from blink.cost import trace_features
@@ -21,9 +20,7 @@ TINY_MIXTRAL = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size":
 
 @pytest.fixture(scope="module")
 def mixtral(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("moe") / "config.json"
-    path.write_text(json.dumps(TINY_MIXTRAL))
-    return f"hf:{path}"
+    return hf_config(tmp_path_factory.mktemp("moe"), TINY_MIXTRAL)
 
 
 def _grouped(p: blink.Prediction) -> list:

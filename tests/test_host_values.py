@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from hf_helpers import hf_config
 
 import blink
 from blink import dryrun
@@ -26,9 +27,7 @@ TINY_W2V = {"model_type": "wav2vec2", "architectures": ["Wav2Vec2ForCTC"], "voca
 
 @pytest.fixture(scope="module")
 def w2v(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("w2v") / "config.json"
-    path.write_text(json.dumps(TINY_W2V))
-    return f"hf:{path}"
+    return hf_config(tmp_path_factory.mktemp("w2v"), TINY_W2V)
 
 
 def _meta(cpu: torch.Tensor) -> torch.Tensor:
@@ -144,22 +143,20 @@ def test_a_mask_index_costs_the_nonzero_kernels_and_a_sync():
 
 def test_host_random_draws_are_fixed_and_the_callers_generators_kept(tmp_path):
     cfg = dict(TINY_W2V, layerdrop=0.5, num_hidden_layers=6)  # LayerDrop: torch.rand([]) a layer
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg))
+    name = hf_config(tmp_path, cfg)
     torch.manual_seed(123)
     random.seed(5)
     np.random.seed(7)
     before = (torch.random.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
-    a = blink.predict(f"hf:{path}", mode="train", batch_size=2, gpu="H100-SXM")
-    b = blink.predict(f"hf:{path}", mode="train", batch_size=2, gpu="H100-SXM")
+    a = blink.predict(name, mode="train", batch_size=2, gpu="H100-SXM")
+    b = blink.predict(name, mode="train", batch_size=2, gpu="H100-SXM")
     assert a.time_ms == b.time_ms and a.flops == b.flops
     assert torch.equal(torch.random.get_rng_state(), before[0])
     assert random.getstate() == before[1]
     assert np.array_equal(np.random.get_state()[1], before[2])
     # LayerDrop skipped some of the 6 layers, the same ones both times
-    full = dict(cfg, layerdrop=0.0)
-    path.write_text(json.dumps(full))
-    c = blink.predict(f"hf:{path}", mode="train", batch_size=2, gpu="H100-SXM")
+    c = blink.predict(hf_config(tmp_path, dict(cfg, layerdrop=0.0)), mode="train",
+                      batch_size=2, gpu="H100-SXM")
     assert a.flops < c.flops
 
 

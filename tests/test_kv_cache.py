@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from hf_helpers import hf_config
 
 import blink
 from blink.cli import main
@@ -18,9 +19,7 @@ B = 4
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("kv") / "config.json"
-    path.write_text(json.dumps(TINY))
-    return f"hf:{path}"
+    return hf_config(tmp_path_factory.mktemp("kv"), TINY)
 
 
 def _cache_bytes(tokens: int) -> int:

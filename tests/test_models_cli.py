@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_helpers import hf_config
 from torch.utils.flop_counter import FlopCounterMode
 
 import blink
@@ -316,9 +317,7 @@ TINY_WHISPER = {"model_type": "whisper", "d_model": 64, "encoder_layers": 2,
 
 
 def _config(tmp_path, raw: dict) -> str:
-    path = tmp_path / f"{raw['model_type']}.json"
-    path.write_text(json.dumps(raw))
-    return f"hf:{path}"
+    return hf_config(tmp_path, raw, f"{raw['model_type']}.json")
 
 
 def _input(t: blink.Trace, i: int = 0) -> tuple[int, ...]:

@@ -38,18 +38,17 @@ bool is_issue(const TraceData& t, const OpRecord& op) {
   return !(starts_with(parent, "aten::") || starts_with(parent, "prims::"));
 }
 
-// Units whose CUDA implementation copies a device value to the host, which returns only once
-// the stream has run everything before it: .item() (aten/src/ATen/native/cuda/CUDAScalar.cu,
-// _local_scalar_dense_cuda), nonzero's count (cuda/Nonzero.cu) and masked_select through it,
-// unique's output size (cuda/Unique.cu), torch.equal's result, advanced indexing with a boolean
-// mask (its nonzero, features.cpp add_mask_nonzero: UnitFeatures::host_sync), and _grouped_mm's
-// fallback loop (offs.cpu() in ATen/native/GroupedMMUtils.h; features.cpp f_grouped_mm).
+// Units whose CUDA implementation makes the CPU wait until the stream has run everything
+// before it: those whose features say so (UnitFeatures::host_sync: nonzero and masked_select
+// (cuda/Nonzero.cu), advanced indexing with a boolean mask, _grouped_mm's fallback loop,
+// blocking host <-> device copies), and the ops without such a rule that copy a device value to
+// the host: .item() (aten/src/ATen/native/cuda/CUDAScalar.cu, _local_scalar_dense_cuda),
+// unique's output size (cuda/Unique.cu) and torch.equal's result.
 bool unit_syncs_host(const std::string& op_name, const UnitFeatures& f) {
   static const std::unordered_set<std::string> ops = {
-      "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
-      "aten::unique_dim", "aten::unique_consecutive", "aten::equal"};
-  if (f.host_sync || (f.kind == UnitKind::kGemm && f.groups > 1)) return true;
-  return ops.count(op_base_name(op_name)) > 0;
+      "aten::_local_scalar_dense", "aten::_unique2", "aten::unique_dim",
+      "aten::unique_consecutive", "aten::equal"};
+  return f.host_sync || ops.count(op_base_name(op_name)) > 0;
 }
 
 // Host work of a unit beyond its op's row in the dispatch table: _grouped_mm's fallback issues

@@ -434,6 +434,7 @@ Tiling f_grouped_mm(const Ctx& c, const Rule&, UnitFeatures& f) {
     f.batch = 1;
     f.groups = used;  // a loop of at::mm_out calls (gemm_cost.cpp plan_gemm_unit)
     f.kernels = used;
+    f.host_sync = used > 1;  // the loop's bounds: offs.cpu() (GroupedMMUtils.h)
   }
   return gemm_tiling();
 }

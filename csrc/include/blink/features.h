@@ -113,8 +113,9 @@ struct UnitFeatures {
   // bias in the epilogue (gemm_and_bias, aten/src/ATen/native/cuda/Blas.cpp), not cublasSgemm;
   // its kernel list differs on Pascal (gemm_cost.cpp). Not a forest input.
   bool cublaslt_epilogue = false;
-  // The op copies a count from the GPU to the host before it can launch its main kernel (a
-  // boolean mask's nonzero: features.cpp add_mask_nonzero), so the CPU waits for the stream.
+  // The op makes the CPU wait for the stream: it copies a value from the GPU before it can
+  // launch its kernels (a boolean mask's nonzero, features.cpp add_mask_nonzero; nonzero;
+  // _grouped_mm's fallback loop) or copies host memory without non_blocking (f_copy).
   // Not a forest input.
   bool host_sync = false;
 
