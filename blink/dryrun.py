@@ -593,8 +593,8 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
     pristine = copy.deepcopy(p.kwargs[key]) if key is not None and warmup else None
     try:
         if warmup:
-            with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta,
-                       resident={**resident, **kv_cache_resident(p)}):
+            with fixed_host_rng(), trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta,
+                                         resident={**resident, **kv_cache_resident(p)}):
                 execute(p, loss_fn=loss_fn, optimizer=opt)
             # The warm-up must not change the state the kept step starts from: without an
             # optimizer (which zeroes them) its gradients would be resident in the kept trace,
@@ -603,8 +603,8 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
                 param.grad = None
             if key is not None:
                 p.kwargs[key] = pristine
-        with trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta,
-                   resident={**resident, **kv_cache_resident(p)}) as result:
+        with fixed_host_rng(), trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta,
+                                     resident={**resident, **kv_cache_resident(p)}) as result:
             execute(p, loss_fn=loss_fn, optimizer=opt)
         if known_values:
             result.meta["items_answered"] = p.items_answered
@@ -653,7 +653,7 @@ def make_optimizer(p: Prepared) -> torch.optim.Optimizer | None:
     return _make_optimizer(p.meta["optimizer"] or "none", params)
 
 
-# The seed of the host's random draws inside every execute (see fixed_host_rng).
+# The seed of the host's random draws inside every traced step (see fixed_host_rng).
 HOST_SEED = 0
 
 
@@ -663,8 +663,9 @@ def fixed_host_rng() -> Iterator[None]:
 
     A model's host-side draws decide which kernels a step runs (LayerDrop's ``torch.rand([])``
     or ``random.uniform`` skips whole layers; SpecAugment's numpy masks size an indexing): a
-    fixed seed makes a prediction deterministic and lets a GPU run time the very step its dry
-    run costed. torch's CPU generator, Python's and numpy's global ones are restored after."""
+    fixed seed makes a prediction deterministic. torch's CPU generator, Python's and numpy's
+    global ones are restored after. Around each traced step, not inside execute: it costs
+    ~0.1 ms of host time, which a timed loop of real steps must not pay."""
     try:
         import numpy as np
     except ImportError:  # (not a dependency of blink or torch; then nothing draws from it)
@@ -698,7 +699,6 @@ def execute(p: Prepared, *, loss_fn: Callable[[object], torch.Tensor] | None = N
     mode = p.meta["mode"]
     opt = optimizer if optimizer is not None else make_optimizer(p)
     with ExitStack() as stack:
-        stack.enter_context(fixed_host_rng())
         amp = stack.enter_context(ExitStack())
         if p.amp_dtype is not None:
             from .autocast import meta_autocast

@@ -35,6 +35,7 @@ from ..dryrun import (
     enable_grad_checkpointing,
     execute,
     fill_kv_cache,
+    fixed_host_rng,
     kv_cache_resident,
     make_optimizer,
     prepare,
@@ -176,7 +177,9 @@ class ModelWorkload(Workload):
         opt = make_optimizer(p)
         if opt is not None:
             execute(p, optimizer=opt)  # steady state: the optimizer state exists
-        with trace(p.net, gpu=gpu, meta=p.meta, resident=kv_cache_resident(p)) as t:
+        # the host's random draws from blink's fixed seed, as in blink.trace_model
+        with fixed_host_rng(), trace(p.net, gpu=gpu, meta=p.meta,
+                                     resident=kv_cache_resident(p)) as t:
             execute(p, optimizer=opt)
         return t
 
