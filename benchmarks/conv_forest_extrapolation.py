@@ -17,16 +17,18 @@ times; only geometry, ratios, the plan and the GPU's specs are left):
    range and cuDNN generation the forest never saw): 60 models whose analytic time is over half
    convolution (sampled with seed 1 from data/derived/timm_rtx3090_infer.csv.gz), whole-model
    time with the analytic units, the shipped forest, and a batch-free forest fitted on all
-   DeepBench rows (scale 0.8), through `blink.predict(predictor="trees")`.
+   DeepBench rows (scale 0.8), through `predict_trace(predictor="trees")` on the trace the
+   timm cache makes (timm_cache.build_model).
 
 Measured 2026-12-05 (benchmarks/results/conv_forest_extrapolation.txt): on DeepBench the
 batch-free set extrapolates better (29.9% against the shipped set's 32.6%, analytic 32.3%), but
 on the RTX 3090 it is far worse (23.1% against 7.1%, analytic 13.3%; 21.7% against 6.8%,
 analytic 12.3% since 2026-12-06, the models built as the timm cache builds them, with the
-benchmark's fast norm): it raises conv time by ~11% where the shipped forest lowers it by ~10%. The size features carry something that holds on
-an unseen GPU with today's cuDNN (large convolutions run closer to peak than the analytic plan
-says), so the shipped set stays. What neither check covers: Hopper at batch 64, where the
-shipped forest raises conv time (resnet50d amp-fp16 on H200: +6% at batch 64, -8% at 512).
+benchmark's fast norm): it raises conv time by ~11% where the shipped forest lowers it by
+~10%. The size features carry something that holds on an unseen GPU with today's cuDNN (large
+convolutions run closer to peak than the analytic plan says), so the shipped set stays. What
+neither check covers: Hopper at batch 64, where the shipped forest raises conv time (resnet50d
+amp-fp16 on H200: +6% at batch 64, -8% at 512).
 """
 from __future__ import annotations
 
