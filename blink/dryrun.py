@@ -308,6 +308,7 @@ def prepare(
     labels: torch.Tensor | None = None
     if zoo_name is not None:
         entry = zoo.get_entry(zoo_name)  # raises with the list of known names
+        zoo_name = entry.name  # a bare name made prefixed (llama-1b -> hf:llama-1b)
         if inputs is None and input_shape is None:
             if batch_size is None:
                 raise ConfigError(f"give batch_size for {zoo_name} (e.g. batch_size=8)")

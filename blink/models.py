@@ -303,6 +303,23 @@ def _file_entry(spec: str) -> ZooEntry:
 
 # -- the resolver -------------------------------------------------------------------------------
 
+def _prefixed_matches(name: str) -> list[str]:
+    """The prefixed names a bare name is exactly (`resnet50`: torchvision:resnet50 and
+    timm:resnet50; `llama-7b`: hf:llama-7b), in PREFIXES order."""
+    import torchvision
+
+    out = [f"torchvision:{name}"] if name in torchvision.models.list_models() else []
+    try:
+        import timm
+    except ImportError:
+        timm = None
+    if timm is not None and timm.is_model(name):
+        out.append(f"timm:{name}")
+    if f"hf:{name}" in ZOO:
+        out.append(f"hf:{name}")
+    return out
+
+
 def resolve(name: str) -> ZooEntry:
     """The ZooEntry for any accepted model string (see the module docstring)."""
     if not isinstance(name, str) or not name:
@@ -337,6 +354,13 @@ def resolve(name: str) -> ZooEntry:
                        list_zoo=False)
     if ":" in name and name.rpartition(":")[0].endswith(".py"):
         return _file_entry(name)
+    named = _prefixed_matches(name)
+    if len(named) == 1:  # the entry's name carries the prefix, so outputs say which was taken
+        return resolve(named[0])
+    if named:
+        raise UnknownModelError(
+            f"model {name!r} is ambiguous without a library prefix: {' or '.join(named)} "
+            "(they differ in layers and defaults). Name one of them.")
     raise _unknown(name, list(ZOO), "not a zoo name or a model spec",
                    f" Known: {', '.join(sorted(ZOO))}; also torchvision:<any>, timm:<any>, "
                    "hf:path/to/config.json, path/to/model.py:callable, or pass your own "

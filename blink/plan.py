@@ -549,10 +549,13 @@ def _seq_len_for(model: object, seq_len: int | None) -> int | None:
     both (an unknown name keeps it and lets the resolver decide)."""
     from . import zoo
 
-    if isinstance(model, str) and zoo.is_zoo_name(model) and zoo.get_entry(
-            model).kind == zoo.VISION:
-        return None
-    return seq_len
+    if not isinstance(model, str) or model.partition(":")[0].endswith(".py"):
+        return seq_len  # a module, or a user's file, which only the dry run imports
+    try:
+        kind = zoo.get_entry(model).kind
+    except BlinkError:
+        return seq_len
+    return None if kind in (zoo.VISION, zoo.VIDEO) else seq_len
 
 
 def compare(

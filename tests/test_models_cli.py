@@ -216,6 +216,24 @@ def test_unknown_names_list_close_matches():
         assert "Did you mean" in str(info.value) and match in str(info.value), name
 
 
+def test_bare_names_resolve_when_one_library_has_them(capsys):
+    # gpt2-medium is only a shipped config: taken as hf:gpt2-medium, and labelled so (a text
+    # model keeps its labels in training, which the bare name would have lost).
+    p = blink.predict("gpt2-medium", batch_size=1, seq_len=16, mode="train")
+    assert p.model == "hf:gpt2-medium" and p.params > 3e8
+    assert p.time_ms == pytest.approx(
+        blink.predict("hf:gpt2-medium", batch_size=1, seq_len=16, mode="train").time_ms)
+    # mobilenetv2_100 is timm's name only; resnet50 is both torchvision's and timm's models
+    assert main(["predict", "mobilenetv2_100", "-b", "2"]) == 0
+    assert "timm:mobilenetv2_100 on" in capsys.readouterr().out
+    with pytest.raises(blink.UnknownModelError, match="ambiguous") as info:
+        blink.predict("resnet50", batch_size=1)
+    assert "torchvision:resnet50 or timm:resnet50" in str(info.value)
+    # a comparison drops seq_len for the vision model it resolves a bare name to
+    rows = blink.compare(["gpt2", "mobilenetv2_100"], batch_size=1, seq_len=16)
+    assert {r.model for r in rows.rows} == {"hf:gpt2", "timm:mobilenetv2_100"}
+
+
 def test_module_inputs_are_inferred():
     import timm
     import transformers
