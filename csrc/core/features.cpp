@@ -604,12 +604,17 @@ AttnShape attention_shape(const Ctx& c, int q_index, int layout, int& dtype) {
   return s;
 }
 
-void attention_common(const AttnShape& s, UnitFeatures& f) {
+void attention_common(const Ctx& c, const AttnShape& s, UnitFeatures& f) {
   f.m = s.lq;
   f.n = s.lk;
   f.k = s.d;
   f.batch = s.bh;
   f.head_dim_v = s.dv;
+  const std::string& op = c.op;
+  f.attention_backend = op.find("flash") != std::string::npos     ? AttentionBackend::kFlash
+                        : op.find("efficient") != std::string::npos ? AttentionBackend::kEfficient
+                        : op.find("cudnn") != std::string::npos     ? AttentionBackend::kCudnn
+                                                                    : AttentionBackend::kNone;
 }
 
 // Fused attention forward (flash / efficient / cuDNN): q at p0, is_causal (or custom_mask_type)
@@ -618,7 +623,7 @@ void attention_common(const AttnShape& s, UnitFeatures& f) {
 // written. The L x L score matrix never reaches DRAM.
 Tiling f_attention_fwd(const Ctx& c, const Rule& r, UnitFeatures& f) {
   const AttnShape s = attention_shape(c, r.p0, r.p2, f.dtype);
-  attention_common(s, f);
+  attention_common(c, s, f);
   f.causal = bool_at(c.in, r.p1, false);
   const double base = 2.0 * static_cast<double>(s.bh) * static_cast<double>(s.lq) *
                       static_cast<double>(s.lk);
@@ -639,7 +644,7 @@ Tiling f_attention_fwd(const Ctx& c, const Rule& r, UnitFeatures& f) {
 // out, logsumexp (+ bias); writes the gradients.
 Tiling f_attention_bwd(const Ctx& c, const Rule& r, UnitFeatures& f) {
   const AttnShape s = attention_shape(c, r.p0, r.p2, f.dtype);
-  attention_common(s, f);
+  attention_common(c, s, f);
   f.causal = bool_at(c.in, r.p1, false);
   f.flops = 2.0 * static_cast<double>(s.bh) * static_cast<double>(s.lq) *
             static_cast<double>(s.lk) * static_cast<double>(3 * s.d + 2 * s.dv);

@@ -13,15 +13,43 @@ namespace {
 
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
+// The fused attention kernel's plateau efficiency on `g` (sources in roofline.h).
+double attention_efficiency(const UnitFeatures& f, const GpuSpec& g) {
+  const int d = f.k <= 64 ? 0 : (f.k <= 128 ? 1 : 2);
+  double flash = 0.0;  // FA2's on this architecture; 0: no public figure
+  double cudnn = 0.0;
+  if (g.cc_major == 8) {
+    flash = f.backward ? kFlashAmpereBwd : kFlashAmpereFwd;
+  } else if (g.cc_major == 9) {
+    flash = f.backward ? kFlashHopperBwd[d] : kFlashHopperFwd[d];
+    cudnn = f.backward ? kCudnnHopperBwd[d] : kCudnnHopperFwd[d];
+  }
+  const double fallback = f.backward ? kAttentionDefaultBwd : kAttentionDefaultFwd;
+  if (flash <= 0.0) return fallback;
+  switch (f.attention_backend) {
+    case AttentionBackend::kEfficient:
+      return flash * (f.backward ? kEfficientVsFlashBwd : kEfficientVsFlashFwd);
+    case AttentionBackend::kCudnn:
+      return cudnn > 0.0 ? cudnn : flash;
+    default:
+      return flash;
+  }
+}
+
 // Fused attention: tiles (query blocks forward, key blocks backward) in waves of one CTA per
-// SM; a causal mask skips the blocks above the diagonal.
+// SM, each looping over the other sequence's blocks plus a fixed overhead; a causal mask skips
+// the blocks above the diagonal (roofline.h).
 double attention_compute_s(const UnitFeatures& f, const GpuSpec& g) {
   const double peak = peak_flops_for(f.math_mode, f.dtype, g);
-  const double eff = f.backward ? kAttentionBwdEfficiency : kAttentionFwdEfficiency;
-  double work = f.flops;
+  const double eff = attention_efficiency(f, g);
+  const double loop = ceil_div(static_cast<double>(std::max<int64_t>(f.backward ? f.m : f.n, 1)),
+                               kAttentionBlock);
+  double work = f.flops *
+                (loop + (f.backward ? kAttentionLoopOverheadBwd : kAttentionLoopOverheadFwd)) /
+                loop;
   if (f.causal && f.m == f.n && f.m > 0) {
     const double blocks = ceil_div(static_cast<double>(f.m), kAttentionBlock);
-    work *= (blocks + 1.0) / (2.0 * blocks);
+    work *= (blocks + kCausalExtraBlocks) / (2.0 * blocks) / kCausalEfficiency;
   }
   const double slots = static_cast<double>(g.sm_count) * static_cast<double>(f.blocks_per_sm);
   const double tiles = std::max<double>(1.0, static_cast<double>(f.tiles));

@@ -72,6 +72,11 @@ enum class UnitKind {
   kRnn,  // cuDNN RNN (_cudnn_rnn, _cudnn_rnn_backward): see rnn_time_s in roofline.h
 };
 
+// The fused attention kernels behind the SDPA ops: FlashAttention-2 (_flash_attention_*,
+// transformers/cuda/flash_attn), the CUTLASS memory-efficient kernel (_efficient_attention_*,
+// transformers/cuda/mem_eff_attention) and cuDNN's fused SDPA (_cudnn_attention_*).
+enum class AttentionBackend { kNone, kFlash, kEfficient, kCudnn };
+
 // How the unit's arithmetic runs: SIMT FP32 on CUDA cores, or a tensor-core mode.
 // kTf32x3: FP32-accurate products from three TF32 tensor-core MMAs (CUTLASS
 // OpMultiplyAddFastF32), what PyTorch's mem-efficient attention runs for FP32 on sm_80+;
@@ -130,6 +135,10 @@ struct UnitFeatures {
   // Attention extras (with m, n, k, batch above).
   int64_t head_dim_v = 0;
   bool causal = false;
+  // Which fused kernel runs it, from the aten op (the SDPA backend blink/sdpa.py chose for the
+  // target GPU): its efficiency differs by architecture (attention_compute_s). Not a forest
+  // input.
+  AttentionBackend attention_backend = AttentionBackend::kNone;
 
   // kGemm: groups > 1 is a loop of `groups` separate GEMMs of (m, n, k), one launch each
   // (aten::_grouped_mm off sm_90 / sm_100 bf16: features.cpp f_grouped_mm).

@@ -82,13 +82,43 @@ inline constexpr double kL2ResidentFraction = 0.5;
 inline constexpr double kBwSaturatingSmFraction = 0.5;
 
 // GEMM and convolution compute times come from their kernel plans (blink/kernel_plan.h).
-// FlashAttention-2 forward: ~70% of peak on A100 but 35-50% on H100 (no wgmma / TMA); 0.5.
-inline constexpr double kAttentionFwdEfficiency = 0.5;
-// Attention backward: five GEMMs with atomic dQ accumulation, ~0.7x the forward's efficiency.
-inline constexpr double kAttentionBwdEfficiency = 0.35;
-// Key/query block of the fused attention kernels: with a causal mask, blocks above the
-// diagonal are skipped, so (n + 1) / (2n) of the n x n block pairs run.
+// Fused attention (attention_compute_s in roofline.cpp). Each CTA loops over 128-row blocks of
+// the other sequence (forward: key blocks per query block; backward: query blocks per key
+// block), so its time is (loop blocks + a fixed overhead) x one block's work at the kernel's
+// plateau efficiency: the share of the dense tensor-core peak its main loop holds on long
+// sequences, per kernel and architecture (AttentionBackend). Sources, all public, none of them
+// a row Blink is scored on:
+//  * Hopper (sm_9x), FlashAttention-3 paper (Shah et al. 2024, figs. 5-6: H100 SXM5, FP16, 16k
+//    tokens, hidden 2048), TFLOP/s at 8k-16k over 989: FlashAttention-2 forward 324 / 370 /
+//    326 at head dim 64 / 128 / 256, backward 322 at 128 (~295 at 64); cuDNN forward 413 /
+//    600 / 581, backward 516 at 128 (~435 at 64). PyTorch's flash kernels are FA2 (no wgmma /
+//    TMA on sm_90); cuDNN attention is what torch >= 2.11 runs there first (blink/sdpa.py).
+//  * Ampere / Ada (sm_8x): FA2 paper (Dao 2023): forward up to 73% of A100's peak; an RTX A5000
+//    runs FA2 at 0.74 (forward) and 0.70 (backward) of its 111 TFLOP/s at head dim 64
+//    (gpu-mode/ring-attention issue 10). 0.70 / 0.60.
+//  * the CUTLASS memory-efficient kernel against FA2 on the same GPU: 0.63x forward on an H100
+//    (onnxruntime PR 21629, torch:efficient 144.8 vs torch:flash 229.5 TFLOP/s), 0.82x forward
+//    and 0.53x backward (flash-attention issue 416, causal head dim 64): 0.7x / 0.55x.
+//  * Volta / Turing (only the memory-efficient kernel runs there) and Blackwell: no public
+//    figure at hand; the former flat 0.5 / 0.35 of peak.
 inline constexpr double kAttentionBlock = 128.0;
+inline constexpr double kAttentionDefaultFwd = 0.5, kAttentionDefaultBwd = 0.35;
+inline constexpr double kFlashAmpereFwd = 0.70, kFlashAmpereBwd = 0.60;
+inline constexpr double kFlashHopperFwd[3] = {0.33, 0.37, 0.33};  // head dim <=64, <=128, more
+inline constexpr double kFlashHopperBwd[3] = {0.30, 0.33, 0.33};
+inline constexpr double kCudnnHopperFwd[3] = {0.42, 0.61, 0.59};
+inline constexpr double kCudnnHopperBwd[3] = {0.44, 0.52, 0.52};
+inline constexpr double kEfficientVsFlashFwd = 0.7, kEfficientVsFlashBwd = 0.55;
+// Fixed per-CTA work in loop blocks (Q load and output write forward; the dO.O pre-pass, dQ
+// accumulation and conversion backward), fitted to the same H100 figures' head-dim-128 ramps
+// (FA2 and cuDNN at 512-2k tokens reach 0.83 / 0.95 / 0.98 of their plateau forward, 0.62 /
+// 0.80 / 0.90 backward).
+inline constexpr double kAttentionLoopOverheadFwd = 0.6, kAttentionLoopOverheadBwd = 2.0;
+// A causal mask skips the blocks above the diagonal, but the diagonal blocks are masked element
+// by element and the triangle leaves CTAs of unequal length: (b + 2) / 2b of the b x b block
+// pairs' work at 0.93 of the plateau (the FA3 paper's causal / non-causal ratios at head dim
+// 128, FA2 and cuDNN: 0.62-0.63 at 512 tokens, 0.78-0.82 at 2k, 0.90-0.91 at 16k).
+inline constexpr double kCausalExtraBlocks = 2.0, kCausalEfficiency = 0.93;
 // Arithmetic in element-wise / reduction kernels rarely binds; when it does (transcendentals,
 // FP64), half of FMA peak accounts for non-FMA instructions and index math.
 inline constexpr double kSimtElementwiseEfficiency = 0.5;
