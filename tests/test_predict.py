@@ -344,6 +344,44 @@ def test_nchw_bilinear_upsampling_is_costed_as_its_serial_per_pixel_loop():
     assert up(1024, 8, 7, cl=True)["parallelism"] == 14 * 14
 
 
+def test_bilinear_upsampling_backward_zero_fills_then_scatters_atomically():
+    """upsample_bilinear2d_backward has its own rule (UpSampleBilinear2d.cu): grad_input is
+    zero-filled by one kernel, then a second scatters four atomic adds per grad_output element,
+    so grad_input's bytes cross DRAM three times (fill, line reads, write-back)."""
+    import torch
+    from torch import nn
+
+    from blink.cost import trace_features
+
+    class Up(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Conv2d(64, 64, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.functional.interpolate(self.proj(x), scale_factor=2, mode="bilinear")
+
+    def backward_row(loss_fn) -> dict:
+        with torch.device("meta"):
+            net = Up()
+        t = blink.trace_model(net, input_shape=(8, 64, 32, 32), mode="train", gpu="A100-80GB",
+                              loss_fn=loss_fn)
+        rows = [r for r in trace_features(t, "A100-80GB")
+                if r["op"] == "aten::upsample_bilinear2d_backward"]
+        assert len(rows) == 1
+        return rows[0]
+
+    grad_in, grad_out = 8 * 64 * 32 * 32 * 4, 8 * 64 * 64 * 64 * 4
+    row = backward_row(lambda out: (out * out).sum())  # a dense grad_output
+    assert row["matched"] and row["kernels"] == 2
+    assert row["bytes_read"] == pytest.approx(grad_out + grad_in)
+    assert row["bytes_written"] == pytest.approx(2 * grad_in)
+    # a sum's gradient is one value broadcast: .contiguous() copies it out first
+    broadcast = backward_row(lambda out: out.sum())
+    assert broadcast["kernels"] == 3
+    assert broadcast["bytes_written"] == pytest.approx(2 * grad_in + grad_out)
+
+
 def test_unfold_and_fold_launch_one_kernel_per_image():
     """F.unfold / F.fold (im2col / col2im) loop over the batch on the host, one kernel per image
     (VOLO's outlook attention, TNT's pixel embedding): N launch floors, so a batch of tiny images

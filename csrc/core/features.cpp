@@ -56,6 +56,17 @@ double tensor_bytes(const TensorInfo& t) {
   return static_cast<double>(stored_elements(t)) * static_cast<double>(dtype_itemsize(t.dtype));
 }
 
+// Row-major dense: strides are the running products of the sizes (size-1 dims ignored).
+bool row_major_contiguous(const TensorInfo& t) {
+  if (t.strides.size() != t.sizes.size()) return false;
+  int64_t expected = 1;
+  for (size_t i = t.sizes.size(); i-- > 0;) {
+    if (t.sizes[i] != 1 && t.strides[i] != expected) return false;
+    expected *= t.sizes[i];
+  }
+  return true;
+}
+
 // The same view of the same storage. Tensors without a storage id (symbolic) never match.
 bool same_tensor(const TensorInfo& a, const TensorInfo& b) {
   return a.storage != 0 && a.storage == b.storage && a.storage_offset == b.storage_offset &&
@@ -1115,6 +1126,32 @@ Tiling f_upsample_bilinear(const Ctx& c, const Rule& r, UnitFeatures& f) {
   return serial_loop_tiling(pixels, 1024);
 }
 
+// upsample_bilinear2d_backward (grad_output 0 -> grad_input), UpSampleBilinear2d.cu
+// upsample_bilinear2d_backward_out_cuda_template: grad_input.zero_() (a fill), then one thread
+// per grad_output element (NCHW and NHWC alike) scattering four weighted fastAtomicAdds into
+// grad_input: its lines are read into L2 and written back once more. Equal sizes are the zero
+// fill then a copy. The atomics' own throughput is not modelled.
+Tiling f_upsample_bilinear_backward(const Ctx& c, const Rule& r, UnitFeatures& f) {
+  Tiling t = f_elementwise(c, r, f);
+  const TensorInfo* gi = first_output(c);
+  if (gi == nullptr) fail(c, "has no output tensor");
+  const TensorInfo& go = need_tensor(c, 0, "grad_output");
+  const double gi_bytes = tensor_bytes(*gi);
+  f.bytes_read += gi_bytes;
+  f.bytes_written += gi_bytes;
+  f.kernels = 2;
+  f.channels_last = channels_last(go);
+  // grad_output_.contiguous(memory_format) first: a copy kernel unless it already is (a sum
+  // loss's gradient is one value broadcast, stored once).
+  const double go_full = static_cast<double>(numel_of(go)) * dtype_itemsize(go.dtype);
+  if (!f.channels_last && !row_major_contiguous(go)) {
+    f.bytes_read += go_full;  // the main kernel reads the copy
+    f.bytes_written += go_full;
+    f.kernels += 1;
+  }
+  return t;
+}
+
 // im2col / col2im (F.unfold / F.fold; aten/src/ATen/native/cuda/Im2Col.cu, Col2Im.cu): the host
 // loops over the batch, input.select(0, elt) and one kernel launch per image, so a batched call
 // is N launches of per-image kernels (N launch floors), not one kernel over the batch. Bytes as
@@ -1747,8 +1784,10 @@ const std::unordered_map<std::string, Rule>& rule_table() {
       // Unfold / fold: one kernel launch per image (p0: 0 im2col, 1 col2im).
       {"aten::im2col", R(K::kOther, f_im2col, 0.0, 0)},
       {"aten::col2im", R(K::kOther, f_im2col, 0.0, 1)},
-      // Bilinear upsampling forward (its NCHW kernel loops over N x C in every thread).
+      // Bilinear upsampling: the forward's NCHW kernel loops over N x C in every thread;
+      // the backward zero-fills grad_input, then 4 weighted atomic adds per grad_output.
       {"aten::upsample_bilinear2d", R(K::kOther, f_upsample_bilinear)},
+      {"aten::upsample_bilinear2d_backward", R(K::kOther, f_upsample_bilinear_backward, 4)},
       // --- No kernel: views, metadata, allocation.
       {"aten::view", R(K::kOther, f_metadata)},
       {"aten::_unsafe_view", R(K::kOther, f_metadata)},
