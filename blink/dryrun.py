@@ -453,6 +453,18 @@ def fill_kv_cache(net: torch.nn.Module, prompt: torch.Tensor, label: str) -> Any
     dry run, on the device for a real one): whatever its layers keep (full or sliding-window
     attention, MLA's latents, a hybrid's recurrent state), as generate() hands it to the next
     step."""
+    config = getattr(net, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ConfigError(f"{label} is an encoder-decoder model: kv_cache predicts a decoder-only "
+                          "causal LM's generation step (an encoder-decoder's step, with its "
+                          "cross-attention cache over the encoder's output, is not modelled); "
+                          "predict it without kv_cache")
+    import inspect
+
+    if not any(k in inspect.signature(net.forward).parameters for k in _CACHE_KEYWORDS):
+        raise ConfigError(f"{label} ({type(net).__name__}) takes no KV cache (its forward has no "
+                          "past_key_values): kv_cache applies to transformers causal LMs; "
+                          "predict it without kv_cache")
     try:
         with torch.no_grad():
             out = net(input_ids=prompt, use_cache=True)

@@ -62,6 +62,11 @@ def test_kv_cache_needs_an_inference_step_of_a_text_model(llama):
         blink.predict(llama, batch_size=1, seq_len=1, kv_cache=0)
     with pytest.raises(blink.BatchSizeError, match="batch_size 64 is too large"):
         blink.predict(llama, batch_size=64, seq_len=1, kv_cache=10**15)
+    # not causal LMs: said so before their forward runs into meta values
+    with pytest.raises(blink.ConfigError, match="encoder-decoder"):
+        blink.predict("hf:t5-small", batch_size=1, seq_len=1, kv_cache=16)
+    with pytest.raises(blink.ConfigError, match="BertForMaskedLM.*takes no KV cache"):
+        blink.predict("hf:bert-base", batch_size=1, seq_len=1, kv_cache=16)
 
 
 def test_cli_flag(llama, capsys):
