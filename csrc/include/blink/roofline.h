@@ -87,7 +87,7 @@ inline constexpr double kBwSaturatingSmFraction = 0.5;
 // block), so its time is (loop blocks + a fixed overhead) x one block's work at the kernel's
 // plateau efficiency: the share of the dense tensor-core peak its main loop holds on long
 // sequences, per kernel and architecture (AttentionBackend). Sources, all public, none of them
-// a row Blink is scored on:
+// in Blink's evaluation sets:
 //  * Hopper (sm_9x), FlashAttention-3 paper (Shah et al. 2024, figs. 5-6: H100 SXM5, FP16, 16k
 //    tokens, hidden 2048), TFLOP/s at 8k-16k over 989: FlashAttention-2 forward 324 / 370 /
 //    326 at head dim 64 / 128 / 256, backward 322 at 128 (~295 at 64); cuDNN forward 413 /
@@ -99,8 +99,10 @@ inline constexpr double kBwSaturatingSmFraction = 0.5;
 //  * the CUTLASS memory-efficient kernel against FA2 on the same GPU: 0.63x forward on an H100
 //    (onnxruntime PR 21629, torch:efficient 144.8 vs torch:flash 229.5 TFLOP/s), 0.82x forward
 //    and 0.53x backward (flash-attention issue 416, causal head dim 64): 0.7x / 0.55x.
-//  * Volta / Turing (only the memory-efficient kernel runs there) and Blackwell: no public
-//    figure at hand; the former flat 0.5 / 0.35 of peak.
+//  * Volta / Turing (only the memory-efficient kernel runs there) and Blackwell: a flat 0.5 /
+//    0.35 of peak, the rule for every GPU before 2026-12-06. Blackwell's one public point agrees:
+//    the FlashAttention-4 paper's 1613 TFLOP/s on a B200 (71% of peak) is 1.3x cuDNN 9.13's,
+//    so ~0.55 forward.
 inline constexpr double kAttentionBlock = 128.0;
 inline constexpr double kAttentionDefaultFwd = 0.5, kAttentionDefaultBwd = 0.35;
 inline constexpr double kFlashAmpereFwd = 0.70, kFlashAmpereBwd = 0.60;
