@@ -75,7 +75,13 @@ def build_hf(raw: dict[str, Any]) -> torch.nn.Module:
 
     task = raw["_task"]
     fields = {k: v for k, v in raw.items() if not k.startswith("_") and k != "model_type"}
-    cfg = transformers.AutoConfig.for_model(raw["model_type"], **fields)
+    try:
+        cfg = transformers.AutoConfig.for_model(raw["model_type"], **fields)
+    except Exception as e:  # noqa: BLE001 - transformers validates configs with assorted types
+        raise ConfigError(
+            f"transformers rejected this {raw['model_type']!r} config: {type(e).__name__}: "
+            f"{' '.join(str(e).split())[:300]}. Fix the field it names (a config file saved by "
+            "transformers itself is consistent)") from e
     if getattr(cfg, "architectures", None) is None:
         # the auto classes iterate it where a task maps to several classes (DeiT's image
         # classification): none means the first of them, as transformers intends

@@ -138,6 +138,20 @@ def test_cli_predicts_config_file(tmp_path, capsys):
         blink.predict(f"hf:{bad}", batch_size=1)
 
 
+def test_a_config_transformers_rejects_is_a_config_error(tmp_path):
+    # transformers validates some configs as they are made (a strict dataclass validator here):
+    # the error is Blink's, names the field, and the file is left as it was
+    cfg = tmp_path / "qwen2.json"
+    text = json.dumps({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+                       "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "vocab_size": 1000,
+                       "layer_types": ["full_attention"] * 3})
+    cfg.write_text(text)
+    with pytest.raises(blink.ConfigError, match="rejected this 'qwen2' config.*layer_types"):
+        blink.predict(f"hf:{cfg}", batch_size=1, seq_len=8)
+    assert cfg.read_text() == text
+
+
 def test_hf_config_without_sdpa_runs_eager_attention_and_bad_fields_say_so(tmp_path):
     # Gemma 2 has no SDPA path in transformers: its eager attention (matmul, softmax, matmul)
     # is what a GPU runs, so that is what gets traced.
