@@ -8,7 +8,9 @@ FlashAttention-2 (PyTorch's flash kernel, run with TORCH_CUDNN_SDPA_DEPRIORITIZE
 (what torch >= 2.11 runs first on sm_90). Blink: the analytic time of the attention unit alone
 (blink.predict, predictor="analytic"), as TFLOP/s in the same convention. "fit" marks the
 series whose long-sequence plateau or ramp set a constant in csrc/include/blink/roofline.h;
-the others were not used. Roofline: the same FLOPs at the dense FP16 tensor-core peak.
+the others were not used. Roofline: the same FLOPs at the dense FP16 tensor-core peak. Then
+the memory-efficient kernel on an A100 beside xformers' CUTLASS kernel (PR 587; FP16 and FP32,
+both among the constants' sources) and FA2 on an A100 beside the FA2 paper's 73% bound.
 """
 from __future__ import annotations
 
@@ -21,7 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from test_attention_cost import _tflops  # noqa: E402
+import torch  # noqa: E402
+from test_attention_cost import _Attention, _tflops  # noqa: E402
+
+import blink  # noqa: E402
 
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 # (kernel, direction, head dim, causal, used for the constants) -> TFLOP/s at SEQS
@@ -42,6 +47,12 @@ PUBLISHED = {
     ("flash", "bwd", 128, False, "fit"): (214, 260, 291, 310, 318, 322),
 }
 PEAK_H100_FP16 = 989.4
+# xformers PR 587 (facebookresearch/xformers), A100, forward microseconds; the FP32 / FP16 ratio
+# set kTf32x3EfficiencyGain and the FP16 rows are among kEfficientVsFlashFwd's sources
+XFORMERS_A100 = {(torch.float16, 32): 1471.9, (torch.float16, 64): 1679.2,
+                 (torch.float16, 128): 3090.0, (torch.float16, 256): 7031.8,
+                 (torch.float32, 32): 4836.4, (torch.float32, 64): 5843.4,
+                 (torch.float32, 128): 13157.7, (torch.float32, 256): 27170.5}
 
 
 def _former_rule(seq: int, causal: bool, direction: str) -> float:
@@ -83,6 +94,17 @@ def main() -> int:
           f"series, {100 * statistics.median(errs['']):.1f}% on the others; the former flat rule "
           f"{100 * statistics.median(old_errs):.1f}%; roofline (time at peak) "
           f"{100 * statistics.median(roof_errs):.1f}%")
+    print()
+    print("A100-80GB memory-efficient kernel, forward, B=64 M=1024 H=16 (xformers PR 587, its "
+          "CUTLASS kernel; FP32 as 3xTF32): published us / Blink us (Blink / published)")
+    for (dtype, d), us in XFORMERS_A100.items():
+        q = torch.empty(64, 16, 1024, d, dtype=dtype, device="meta")
+        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION]):
+            p = blink.predict(_Attention(False), (q, q.clone(), q.clone()), gpu="A100-80GB",
+                              predictor="analytic")
+        got = next(u.time_ms for u in p.units if u.kind == "attention") * 1e3
+        print(f"  {str(dtype).removeprefix('torch.'):8} d {d:>3}: {us:7.0f} / {got:7.0f} "
+              f"({got / us:4.2f})")
     a100 = [_tflops("A100-80GB", 128, s) for s in SEQS]
     print("A100-80GB FA2 forward, head dim 128 (FA2 paper: up to 73% of 312 TFLOP/s): "
           + ", ".join(f"{s}: {t:.0f} ({t / 312:.2f})" for s, t in zip(SEQS, a100, strict=True)))

@@ -81,3 +81,19 @@ def test_a100_flash_attention_holds_most_of_the_tensor_core_peak():
     # short sequences pay the per-CTA overhead; a causal mask more so
     assert _tflops("A100-80GB", 128, 512) / 312 < long_seq
     assert _tflops("A100-80GB", 128, 512, causal=True) < 0.8 * _tflops("A100-80GB", 128, 512)
+
+
+@pytest.mark.parametrize(("dtype", "head_dim", "published_us"), [
+    (torch.float16, 64, 1679.2), (torch.float16, 128, 3090.0), (torch.float16, 256, 7031.8),
+    (torch.float32, 64, 5843.4), (torch.float32, 128, 13157.7), (torch.float32, 256, 27170.5),
+])
+def test_a100_memory_efficient_kernel_matches_xformers(dtype, head_dim, published_us):
+    # xformers PR 587's forward on an A100 (B=64, M=1024, H=16): the CUTLASS kernel PyTorch's
+    # memory-efficient attention comes from; FP32 runs it as 3xTF32 (MathMode kTf32x3)
+    q, k, v = (torch.empty(64, 16, 1024, head_dim, dtype=dtype, device="meta") for _ in range(3))
+    backends = [torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION]
+    with torch.nn.attention.sdpa_kernel(backends):
+        p = blink.predict(_Attention(False), (q, k, v), gpu="A100-80GB", predictor="analytic")
+    units = [u for u in p.units if u.kind == "attention"]
+    assert [u.op for u in units] == ["aten::_scaled_dot_product_efficient_attention"]
+    assert units[0].time_ms * 1e3 == pytest.approx(published_us, rel=0.2)

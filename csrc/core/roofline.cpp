@@ -24,16 +24,21 @@ double attention_efficiency(const UnitFeatures& f, const GpuSpec& g) {
     flash = f.backward ? kFlashHopperBwd[d] : kFlashHopperFwd[d];
     cudnn = f.backward ? kCudnnHopperBwd[d] : kCudnnHopperFwd[d];
   }
-  const double fallback = f.backward ? kAttentionDefaultBwd : kAttentionDefaultFwd;
-  if (flash <= 0.0) return fallback;
-  switch (f.attention_backend) {
-    case AttentionBackend::kEfficient:
-      return flash * (f.backward ? kEfficientVsFlashBwd : kEfficientVsFlashFwd);
-    case AttentionBackend::kCudnn:
-      return cudnn > 0.0 ? cudnn : flash;
-    default:
-      return flash;
+  const double gain = f.math_mode == MathMode::kTf32x3 ? kTf32x3EfficiencyGain : 1.0;
+  double eff = f.backward ? kAttentionDefaultBwd : kAttentionDefaultFwd;
+  if (flash > 0.0) {
+    switch (f.attention_backend) {
+      case AttentionBackend::kEfficient:
+        eff = flash * (f.backward ? kEfficientVsFlashBwd : kEfficientVsFlashFwd);
+        break;
+      case AttentionBackend::kCudnn:
+        eff = cudnn > 0.0 ? cudnn : flash;
+        break;
+      default:
+        eff = flash;
+    }
   }
+  return std::min(eff * gain, kAttentionMaxEfficiency);
 }
 
 // Fused attention: tiles (query blocks forward, key blocks backward) in waves of one CTA per

@@ -98,7 +98,9 @@ inline constexpr double kBwSaturatingSmFraction = 0.5;
 //    (gpu-mode/ring-attention issue 10). 0.70 / 0.60.
 //  * the CUTLASS memory-efficient kernel against FA2 on the same GPU: 0.63x forward on an H100
 //    (onnxruntime PR 21629, torch:efficient 144.8 vs torch:flash 229.5 TFLOP/s), 0.82x forward
-//    and 0.53x backward (flash-attention issue 416, causal head dim 64): 0.7x / 0.55x.
+//    and 0.53x backward (flash-attention issue 416, causal head dim 64); xformers' kernel on an
+//    A100 (xformers PR 587, FP16 forward, head dim 64-256) at 0.50-0.57 of peak, 0.71-0.81x FA2's
+//    0.70: 0.75x forward, 0.55x backward.
 //  * Volta / Turing (only the memory-efficient kernel runs there) and Blackwell: a flat 0.5 /
 //    0.35 of peak, the rule for every GPU before 2026-12-06. Blackwell's one public point agrees:
 //    the FlashAttention-4 paper's 1613 TFLOP/s on a B200 (71% of peak) is 1.3x cuDNN 9.13's,
@@ -110,7 +112,14 @@ inline constexpr double kFlashHopperFwd[3] = {0.33, 0.37, 0.33};  // head dim <=
 inline constexpr double kFlashHopperBwd[3] = {0.30, 0.33, 0.33};
 inline constexpr double kCudnnHopperFwd[3] = {0.42, 0.61, 0.59};
 inline constexpr double kCudnnHopperBwd[3] = {0.44, 0.52, 0.52};
-inline constexpr double kEfficientVsFlashFwd = 0.7, kEfficientVsFlashBwd = 0.55;
+inline constexpr double kEfficientVsFlashFwd = 0.75, kEfficientVsFlashBwd = 0.55;
+// FP32 inputs run the memory-efficient kernel as 3xTF32 (MathMode::kTf32x3: three TF32 MMAs per
+// product, so a third of the TF32 peak), whose non-MMA work (softmax, index math) is the same as
+// in half precision while its MMA work triples: it holds a larger share of that peak. xformers'
+// CUTLASS kernel on an A100 (facebookresearch/xformers PR 587, B=64, M=1024, H=16, forward):
+// FP32 at 0.77-0.90 of TF32 / 3 for head dims 64-256 against FP16 at 0.50-0.57 of its peak,
+// ~1.6x; its backward at M=197 shows FP32 3.3x slower than FP16 where 6x would mean no gain.
+inline constexpr double kTf32x3EfficiencyGain = 1.6, kAttentionMaxEfficiency = 0.9;
 // Fixed per-CTA work in loop blocks (Q load and output write forward; the dO.O pre-pass, dQ
 // accumulation and conversion backward), fitted to the same H100 figures' head-dim-128 ramps
 // (FA2 and cuDNN at 512-2k tokens reach 0.83 / 0.95 / 0.98 of their plateau forward, 0.62 /
