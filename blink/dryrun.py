@@ -376,8 +376,8 @@ def prepare(
         _check_positions(zoo_name, kwargs, kv_cache)
         ids = kwargs["input_ids"]
         prompt = torch.empty(ids.shape[0], kv_cache, dtype=ids.dtype, device="meta")
-        kwargs[_cache_keyword(net)] = fill_kv_cache(net, prompt,
-                                                    zoo_name or type(model).__name__)
+        cache = fill_kv_cache(net, prompt, zoo_name or type(model).__name__)
+        kwargs[_cache_keyword(net) or "past_key_values"] = cache  # fill_kv_cache checked it
         kwargs["use_cache"] = True
 
     if batch_size is None:  # a custom model's table shows its batch: the first input's dim 0
@@ -426,11 +426,12 @@ def _check_positions(zoo_name: str | None, kwargs: dict[str, Any], kv_cache: int
 _CACHE_KEYWORDS = ("cache", "past_key_values")
 
 
-def _cache_keyword(net: torch.nn.Module) -> str:
+def _cache_keyword(net: torch.nn.Module) -> str | None:
+    """The forward's KV-cache keyword; None when it takes none (a masked LM, a vision model)."""
     import inspect
 
     params = inspect.signature(net.forward).parameters
-    return next((k for k in _CACHE_KEYWORDS if k in params), "past_key_values")
+    return next((k for k in _CACHE_KEYWORDS if k in params), None)
 
 
 def cache_keyword(p: Prepared) -> str | None:
@@ -459,9 +460,7 @@ def fill_kv_cache(net: torch.nn.Module, prompt: torch.Tensor, label: str) -> Any
                           "causal LM's generation step (an encoder-decoder's step, with its "
                           "cross-attention cache over the encoder's output, is not modelled); "
                           "predict it without kv_cache")
-    import inspect
-
-    if not any(k in inspect.signature(net.forward).parameters for k in _CACHE_KEYWORDS):
+    if _cache_keyword(net) is None:
         raise ConfigError(f"{label} ({type(net).__name__}) takes no KV cache (its forward has no "
                           "past_key_values): kv_cache applies to transformers causal LMs; "
                           "predict it without kv_cache")

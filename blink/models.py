@@ -303,18 +303,29 @@ def _file_entry(spec: str) -> ZooEntry:
 
 # -- the resolver -------------------------------------------------------------------------------
 
+def is_file_spec(name: str) -> bool:
+    """`path/to/model.py:callable`: a user's file, imported only when the model is built."""
+    return ":" in name and name.rpartition(":")[0].endswith(".py")
+
+
 def _prefixed_matches(name: str) -> list[str]:
     """The prefixed names a bare name is exactly (`resnet50`: torchvision:resnet50 and
     timm:resnet50; `llama-7b`: hf:llama-7b), in PREFIXES order."""
-    import torchvision
+    out = []
+    try:  # both libraries are optional at prediction time (a bare GPU box may lack them)
+        import torchvision
 
-    out = [f"torchvision:{name}"] if name in torchvision.models.list_models() else []
+        if name in torchvision.models.list_models():
+            out.append(f"torchvision:{name}")
+    except ImportError:
+        pass
     try:
         import timm
+
+        if timm.is_model(name):
+            out.append(f"timm:{name}")
     except ImportError:
-        timm = None
-    if timm is not None and timm.is_model(name):
-        out.append(f"timm:{name}")
+        pass
     if f"hf:{name}" in ZOO:
         out.append(f"hf:{name}")
     return out
@@ -352,7 +363,7 @@ def resolve(name: str) -> ZooEntry:
                        f" Shipped: {', '.join(shipped)}; or give a config file as "
                        "hf:path/to/config.json (nothing is fetched from the Hub).",
                        list_zoo=False)
-    if ":" in name and name.rpartition(":")[0].endswith(".py"):
+    if is_file_spec(name):
         return _file_entry(name)
     named = _prefixed_matches(name)
     if len(named) == 1:  # the entry's name carries the prefix, so outputs say which was taken

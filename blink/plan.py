@@ -548,8 +548,9 @@ def _seq_len_for(model: object, seq_len: int | None) -> int | None:
     """seq_len for a text model; None for a zoo vision model, so that one comparison can hold
     both (an unknown name keeps it and lets the resolver decide)."""
     from . import zoo
+    from .models import is_file_spec
 
-    if not isinstance(model, str) or model.partition(":")[0].endswith(".py"):
+    if not isinstance(model, str) or is_file_spec(model):
         return seq_len  # a module, or a user's file, which only the dry run imports
     try:
         kind = zoo.get_entry(model).kind
