@@ -31,6 +31,7 @@ def core_gpu_fields(gpu: GPUSpec | str, boost_window_s: float = BOOST_WINDOW_S) 
         sustained_fp32_ratio=gpu.sustained_fp32_ratio,
         sustained_tc_ratio=gpu.sustained_tc_ratio, boost_window_s=boost_window_s,
         max_clock_ratio=gpu.max_clock_ratio, dram_efficiency=gpu.dram_efficiency,
+        simt_gemm_rate=gpu.simt_gemm_rate,
     )
 
 

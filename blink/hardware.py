@@ -101,7 +101,8 @@ BOOST_WINDOW_S = 0.25e-3
 # of >= 3 ms (sustained_logo.LONG_KERNEL_S), where the ratio rules: the constant that gives
 # the T4 the V100's median measured / analytic (so the kernel-efficiency model cancels). benchmarks/
 # sustained_logo.py prints the fit and the check the fit never saw: the RTX 3090's whole-model
-# timm times (shared/data/public/timm-rtx3090), which the FP32 rule throttles to 0.85.
+# timm times (shared/data/public/timm-rtx3090), all tensor-core math, which the FP32 rule at
+# the full FP32 peak's demand would throttle to 0.85.
 TC_ENERGY_PER_FLOP = 0.086
 # Dynamic energy per FP32 operation relative to TSMC 16FF, from the foundries' published
 # iso-speed power reductions (estimates; the rule's weakest input beyond 12 nm, where no public
@@ -151,6 +152,39 @@ BOOST_CLOCK_KINDS = ("max", "typical")
 # measured copy rate over the datasheet bandwidth).
 DRAM_EFFICIENCY_PASCAL_TURING = 0.74
 DRAM_EFFICIENCY_VOLTA_ON = 0.90
+
+
+# SIMT_GEMM_RATE_SHARED_DATAPATH: the share of its listed FP32 peak an SGEMM main loop keeps
+# on an SM whose FP32 lanes are half shared with INT32 (GA10x, AD10x and GB20x, the GeForce /
+# workstation dies: sm_86, sm_87, sm_89, sm_12x; NVIDIA's GA102 whitepaper: each SM
+# sub-partition has 16 FP32 lanes and 16 that run FP32 or INT32 per clock, and the listed peak
+# counts both). An SGEMM also issues shared-memory loads, address and loop arithmetic, and the
+# shared lanes and issue slots those take do no FMAs, so the doubled peak is out of reach;
+# A100 (sm_80) and Hopper / datacentre Blackwell have dedicated FP32 lanes and keep 1.
+# GpuSpec::simt_gemm_rate in the C++ core (gemm_cost.cpp, on top of kSimtGemmBaseEfficiency);
+# the power rule charges dense FP32 math at this share of the peak (its FLOPs draw the power).
+# Fitted on public torch.mm rates (data/published/torch_mm_tflops.csv; benchmarks/
+# matmul_published.py prints the fit): on each such board the power rule leaves at its highest
+# clock, the share that puts Blink's FP32 rate on the published one: RTX 3090 0.72, RTX 4090
+# 0.69, RTX PRO 6000 0.71; held out one at a time (the others' mean) each is off by at most
+# 4.4%. The L40S (0.59) and RTX 5090 (0.68) are left out of the mean because Blink's
+# tensor-core rate on them is off as well (1.15x and 0.89x the published), so their clock, not
+# the FP32 datapath, is what the table misses there. Before this rule Blink put these boards'
+# FP32 GEMMs 1.07-1.47x too fast (the RTX 3090's only through a power throttle that its FP32
+# math, at this share, does not reach: it now holds its clock).
+SIMT_GEMM_RATE_SHARED_DATAPATH = 0.70
+
+
+def fp32_shares_int_datapath(compute_capability: tuple[int, int]) -> bool:
+    """Whether an SM of this compute capability runs half its FP32 lanes on a datapath shared
+    with INT32 (see SIMT_GEMM_RATE_SHARED_DATAPATH)."""
+    major, minor = compute_capability
+    return (major == 8 and minor >= 6) or major == 12
+
+
+def simt_gemm_rate_rule(compute_capability: tuple[int, int]) -> float:
+    """The share of the listed FP32 peak an SGEMM main loop keeps on this compute capability."""
+    return SIMT_GEMM_RATE_SHARED_DATAPATH if fp32_shares_int_datapath(compute_capability) else 1.0
 
 
 def dram_efficiency_rule(compute_capability: tuple[int, int]) -> float:
@@ -241,6 +275,8 @@ class GPUSpec:
     boost_clock_kind: str = "max"
     # Fraction of the datasheet bandwidth a streaming kernel reaches (DRAM_EFFICIENCY).
     dram_efficiency: float = DRAM_EFFICIENCY_VOLTA_ON
+    # Share of the listed FP32 peak an SGEMM main loop keeps (SIMT_GEMM_RATE_SHARED_DATAPATH).
+    simt_gemm_rate: float = 1.0
 
     @property
     def max_clock_ratio(self) -> float:
@@ -535,9 +571,11 @@ def _parse_gpu(raw: object, origin: str, index: int) -> GPUSpec:
             "boost_clock_kind",
         )
     max_clock = _max_clock_ratio(boost_kind)
+    simt_rate = simt_gemm_rate_rule((cc[0], cc[1]))
     fp32_ratio, tc_ratio, sustained_source = _sustained(
         where, raw.get("sustained"), peaks["fp32"],
-        (peaks["fp16"] or peaks["bf16"]) if fp16_tc else None, tdp_w, boost, process, max_clock
+        (peaks["fp16"] or peaks["bf16"]) if fp16_tc else None, tdp_w, boost, process, max_clock,
+        simt_rate,
     )
     return GPUSpec(
         name=name,
@@ -564,6 +602,7 @@ def _parse_gpu(raw: object, origin: str, index: int) -> GPUSpec:
         sustained_source=sustained_source,
         boost_clock_kind=boost_kind,
         dram_efficiency=_dram_efficiency(where, raw, (cc[0], cc[1])),
+        simt_gemm_rate=simt_rate,
     )
 
 
@@ -606,12 +645,14 @@ def _sustained(
     boost: float,
     process: str,
     max_clock: float = 1.0,
+    simt_rate: float = 1.0,
 ) -> tuple[float, float, str]:
     """(fp32 ratio, tensor-core ratio, source) of an entry: its "sustained" object where it
-    gives them, else the power rule: FP32 math at the FP32 peak's demand, tensor-core math at
+    gives them, else the power rule: FP32 math at the demand of the FP32 peak x `simt_rate`
+    (the share dense FP32 math reaches, SIMT_GEMM_RATE_SHARED_DATAPATH), tensor-core math at
     the dense FP16 tensor-core peak x TC_ENERGY_PER_FLOP (`peak_tc` None: no tensor cores, the
     FP32 ratio for both). `max_clock`: the highest clock over the listed boost (the ratios' cap)."""
-    rule = power_rule_ratio(peak_fp32 or 0.0, tdp_w, process, max_clock=max_clock)
+    rule = power_rule_ratio((peak_fp32 or 0.0) * simt_rate, tdp_w, process, max_clock=max_clock)
     tc_rule = (power_rule_ratio(peak_tc * TC_ENERGY_PER_FLOP, tdp_w, process,
                                 max_clock=max_clock) if peak_tc else rule)
 
@@ -624,9 +665,10 @@ def _sustained(
     if process:
         tc = (f"; tensor cores: {peak_tc / 1e12:.1f} TFLOP/s x {TC_ENERGY_PER_FLOP:g} -> "
               f"{what(tc_rule)}" if peak_tc else "")
+        share = f" x {simt_rate:g} reached" if simt_rate != 1.0 else ""
         derived = (
             f"estimate: power rule (blink/hardware.py): {tdp_w:g} W, "
-            f"{(peak_fp32 or 0.0) / 1e12:.2f} FP32 TFLOP/s at {boost:g} MHz, {process} "
+            f"{(peak_fp32 or 0.0) / 1e12:.2f} FP32 TFLOP/s{share} at {boost:g} MHz, {process} "
             f"(energy scale {PROCESS_ENERGY_SCALE[process]:g}) -> {what(rule)}{tc}"
         )
     else:

@@ -887,10 +887,16 @@ def _rtx3090_entry(name: str, boost_clock_kind: str) -> dict:
 def test_geforce_boards_run_below_their_power_cap_above_the_listed_boost(tmp_path):
     from blink.cost import tensor_arg, unit_features
 
-    # The same RTX 3090 read as if its listed boost were its top clock (a data-centre reading).
+    # An RTX 3090 capped at 250 W (its dense FP32 math then needs more than the cap; at its
+    # stock 350 W it no longer does, SIMT_GEMM_RATE_SHARED_DATAPATH), and the same board read
+    # as if its listed boost were its top clock (a data-centre reading).
+    capped, capped_listed = (_rtx3090_entry("RTX3090-250W", "typical"),
+                             _rtx3090_entry("RTX3090-250W-listed", "max"))
+    for e in (capped, capped_listed):
+        e["tdp_w"] = 250
     hardware.register_gpu_file(write_json(tmp_path / "g.json",
-                                          _rtx3090_entry("RTX3090-listed", "max")))
-    geforce, listed = hardware.get_gpu("RTX3090"), hardware.get_gpu("RTX3090-listed")
+                                          {"format_version": 1, "gpus": [capped, capped_listed]}))
+    geforce, listed = (hardware.get_gpu("RTX3090-250W"), hardware.get_gpu("RTX3090-250W-listed"))
     assert geforce.boost_clock_kind == "typical" and listed.boost_clock_kind == "max"
     assert geforce.max_clock_ratio == hardware.TYPICAL_BOOST_HEADROOM > 1.0
     assert "above the listed clock" in geforce.sustained_source

@@ -128,6 +128,27 @@ bool tensor_core_mode(MathMode m) {
 
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
+// Bytes per operand element the tensor-core main loop reads from shared memory.
+double tc_operand_bytes(MathMode m) {
+  if (m == MathMode::kTf32) return 4.0;
+  return m == MathMode::kFp8Tc ? 1.0 : 2.0;
+}
+
+// How much less of the tile table's shared-memory bound (first) and of the base efficiency's
+// fixed losses (second) a tensor-core main loop pays on this board (kernel_plan.h,
+// kTcTileReferenceDemand): each >= 1, and 1 where the constants apply as they are.
+struct TcRelief {
+  double tile = 1.0, base = 1.0;
+};
+TcRelief tc_relief(MathMode m, double flop_per_sm_clock, const GpuSpec& g) {
+  TcRelief r;
+  if (!tc_main_loop_scales(g.cc_major) || !(flop_per_sm_clock > 0)) return r;
+  const double demand = flop_per_sm_clock * tc_operand_bytes(m);
+  r.tile = std::max(1.0, kTcTileReferenceDemand / demand);
+  r.base = std::max(1.0, tc_full_rate_flop_per_sm_clock(g.cc_major, g.cc_minor) * 2.0 / demand);
+  return r;
+}
+
 // Bytes of a K split's fp32 partial sums: each of the `split` slices writes an output-sized
 // partial and the reduce reads them back (cuBLAS's splitKreduce_kernel, or the small-N
 // kernels' own reduce).
@@ -187,9 +208,12 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
     return best;
   }
 
-  const double base =
-      (tc ? tc_gemm_base_efficiency(g.cc_major) : kSimtGemmBaseEfficiency) * p.efficiency_scale;
   const double peak_sm_clk = peak / (sms * clock);  // FLOP per clock per SM
+  const TcRelief relief = tc ? tc_relief(p.mode, peak_sm_clk, g) : TcRelief{};
+  const double base =
+      (tc ? 1.0 - (1.0 - tc_gemm_base_efficiency(g.cc_major)) / relief.base
+          : kSimtGemmBaseEfficiency * g.simt_gemm_rate) *
+      p.efficiency_scale;
   const double ob = out_bytes(p.dtype);
   best.compute_s = std::numeric_limits<double>::infinity();
   const TileList list = candidate_tiles(p, tc, g.cc_major);
@@ -204,7 +228,7 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
     const double clk_per_k = 2.0 * static_cast<double>(ts.m * ts.n) / peak_sm_clk;
     const double fixed_clk =
         kCtaPrologueClocks + static_cast<double>(ts.m * ts.n) * ob / kEpilogueBytesPerClock / c;
-    const double eff = base * ts.efficiency;
+    const double eff = base * std::min(1.0, ts.efficiency * relief.tile);
     int max_split = static_cast<int>(std::min<double>(
         p.max_split, std::max(1.0, std::floor(k / kSplitKMinK))));
     // cuBLAS splits K only for a grid of output tiles too small for the GPU (kernel_plan.h).

@@ -850,7 +850,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        double peak_fp32, double peak_tf32, double peak_bf16, double peak_fp16,
                        double peak_fp8, int cc_major, int cc_minor, double peak_fp64,
                        double sustained_fp32_ratio, double sustained_tc_ratio,
-                       double boost_window_s, double max_clock_ratio, double dram_efficiency) {
+                       double boost_window_s, double max_clock_ratio, double dram_efficiency,
+                       double simt_gemm_rate) {
              GpuSpec g;
              g.name = name; g.sm_count = sm_count; g.clock_hz = clock_hz; g.mem_bw = mem_bw;
              g.l2_bytes = l2_bytes; g.peak_fp32 = peak_fp32; g.peak_tf32 = peak_tf32;
@@ -870,6 +871,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              BLINK_CHECK(dram_efficiency >= 0.3 && dram_efficiency <= 1.0,
                          "GpuSpec '" + name + "': dram_efficiency must be in [0.3, 1]");
              g.dram_efficiency = dram_efficiency;
+             BLINK_CHECK(simt_gemm_rate >= 0.3 && simt_gemm_rate <= 1.0,
+                         "GpuSpec '" + name + "': simt_gemm_rate must be in [0.3, 1]");
+             g.simt_gemm_rate = simt_gemm_rate;
              return g;
            }),
            py::arg("name"), py::arg("sm_count"), py::arg("clock_hz"), py::arg("mem_bw"),
@@ -877,12 +881,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("peak_fp16"), py::arg("peak_fp8"), py::arg("cc_major"), py::arg("cc_minor"),
            py::arg("peak_fp64") = 0.0, py::arg("sustained_fp32_ratio") = 1.0,
            py::arg("sustained_tc_ratio") = 1.0, py::arg("boost_window_s") = 0.0,
-           py::arg("max_clock_ratio") = 1.0, py::arg("dram_efficiency") = 0.90)
+           py::arg("max_clock_ratio") = 1.0, py::arg("dram_efficiency") = 0.90,
+           py::arg("simt_gemm_rate") = 1.0)
       .def_readonly("sustained_fp32_ratio", &GpuSpec::sustained_fp32_ratio)
       .def_readonly("max_clock_ratio", &GpuSpec::max_clock_ratio)
       .def_readonly("sustained_tc_ratio", &GpuSpec::sustained_tc_ratio)
       .def_readonly("boost_window_s", &GpuSpec::boost_window_s)
-      .def_readonly("dram_efficiency", &GpuSpec::dram_efficiency);
+      .def_readonly("dram_efficiency", &GpuSpec::dram_efficiency)
+      .def_readonly("simt_gemm_rate", &GpuSpec::simt_gemm_rate);
   m.def("features_for",
         [](const std::string& op, py::list inputs, py::list outputs, const GpuSpec& g,
            bool allow_tf32_matmul, bool allow_tf32_cudnn, bool cudnn_benchmark) {

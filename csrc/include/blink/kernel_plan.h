@@ -23,12 +23,43 @@ namespace blink {
 //    the global-load latency): 0.86, the public maximum achievable BF16 matmul rate of an
 //    A100 SXM (267.9 of 312 TFLOP/s, 85.9%, CUDA 12.1; stas00/ml-engineering's MAMF table).
 //    Not fitted here: the RTX 3090's timm models (sm_86) are its held-out check.
-//  - Hopper and newer (sm_90+: wgmma / TMA warp-specialised kernels, at clocks the power cap
-//    bounds): 0.80, the same table's H100 SXM (792.1 of 989, 80.1%).
+//    Consumer Blackwell (sm_12x) runs the same kind of mma.sync kernels and takes this value.
+//  - Hopper and datacentre Blackwell (sm_90, sm_10x: wgmma / tcgen05 warp-specialised kernels,
+//    at clocks the power cap bounds): 0.80, the same table's H100 SXM (792.1 of 989, 80.1%).
+//    benchmarks/matmul_published.py checks both on public torch.mm rates (H100 / H200 / B200
+//    bf16 0.96-1.02x, A100 1.01-1.08x), as do the boards below (kTcTileReferenceDemand).
 inline constexpr double kTcGemmBaseEfficiency = 0.80;
 inline constexpr double kTcGemmBaseEfficiencySm80 = 0.86;
 inline double tc_gemm_base_efficiency(int cc_major) {
-  return cc_major == 8 ? kTcGemmBaseEfficiencySm80 : kTcGemmBaseEfficiency;
+  return cc_major == 8 || cc_major == 12 ? kTcGemmBaseEfficiencySm80 : kTcGemmBaseEfficiency;
+}
+// Tensor-core boards whose MMA pipe runs slower than the design point of the constants above
+// lose less to what those constants charge. mma.sync architectures only (sm_80 - sm_89 and
+// consumer Blackwell, sm_12x): Volta / Turing keep their fitted values, and Hopper / datacentre
+// Blackwell feed wgmma / tcgen05 from shared memory by descriptor. Derived, not fitted; the
+// checks are benchmarks/matmul_published.py (public torch.mm rates of 12 GPUs) and the RTX
+// 3090's timm models (held-out families, blink evaluate). Two effects (gemm_cost.cpp):
+//  - Shared-memory operand feed. The tile efficiencies (kTcTiles / kTcConvTiles) are an
+//    mma.sync main loop fed by ldmatrix at the A100's rate: 2048 dense FP16 FLOP per clock per
+//    SM with 2-byte operands (the demand: FLOP per clock per SM x operand bytes; TF32's 1024 x 4
+//    is the same). A 64x64 CTA tile (2x2 warps of 32x32) reads 128 B of operands per 2048 FLOP,
+//    so at that rate it needs the SM's whole 128 B/clock and runs at ~0.68 of the large tiles.
+//    At half the demand (L4, L40S, A2: 1024 FLOP/clock/SM) a tile loses half as much of its
+//    rate to it, at a quarter (GeForce sm_86 / sm_89 / sm_120 at 512) a quarter: efficiency
+//    x min(1, demand ratio), so their small tiles lose little or nothing.
+//  - The main loop's fixed losses (the base efficiency: barriers, pipeline waits, epilogue).
+//    cuBLAS's kernels for an architecture are built for its full MMA rate (1024 FLOP/clock/SM
+//    on sm_86 / sm_89 / sm_12x, 2048 on sm_80). GeForce boards run FP16 / BF16 with FP32
+//    accumulate (what PyTorch asks for) at half of it (NVIDIA's GA102 / AD102 whitepapers), so
+//    each MMA takes twice the clocks and hides twice the rest: the loss (1 - base) halves.
+//    Public rates agree (matmul_published.py): the RTX 3090 / 4090 / 5090's square torch.mm
+//    reaches 1.01-1.14x of the boost-clock peak, which needs an efficiency over 0.9 at any
+//    clock GPU Boost reaches.
+inline constexpr double kTcTileReferenceDemand = 2048.0 * 2.0;
+inline bool tc_main_loop_scales(int cc_major) { return cc_major == 8 || cc_major == 12; }
+// Dense FP16 FLOP per clock per SM an mma.sync architecture's own full-rate parts reach.
+inline double tc_full_rate_flop_per_sm_clock(int cc_major, int cc_minor) {
+  return cc_major == 8 && cc_minor == 0 ? 2048.0 : 1024.0;
 }
 // SGEMM on CUDA cores with 128x128 register-blocked tiles reaches ~88-92% of FMA peak.
 inline constexpr double kSimtGemmBaseEfficiency = 0.88;
