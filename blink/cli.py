@@ -130,18 +130,21 @@ def _cmd_gpus(a: argparse.Namespace) -> int:
     from .hardware import get_gpu, list_gpus
 
     print(f"{'gpu':<20} {'arch':<7} {'SMs':>4} {'mem GiB':>8} {'TB/s':>6} {'dram':>5}"
-          f" {'bf16 TFLOP/s':>13} {'W':>5} {'fp32':>5} {'tc':>5}")
+          f" {'bf16 TFLOP/s':>13} {'W':>5} {'fp32':>5} {'tc':>5} {'sgemm':>6}")
     for name in list_gpus():
         g = get_gpu(name)
         bf16 = g.peak_flops.get("bf16") or g.peak_flops.get("fp16") or 0.0
         print(f"{g.name:<20} {g.arch:<7} {g.sm_count:>4} {g.memory_bytes / 2**30:>8.0f} "
               f"{g.memory_bandwidth_bytes_per_s / 1e12:>6.2f} {g.dram_efficiency:>5.2f} "
               f"{bf16 / 1e12:>13.1f} "
-              f"{g.tdp_w:>5.0f} {g.sustained_fp32_ratio:>5.2f} {g.sustained_tc_ratio:>5.2f}")
+              f"{g.tdp_w:>5.0f} {g.sustained_fp32_ratio:>5.2f} {g.sustained_tc_ratio:>5.2f} "
+              f"{g.simt_gemm_rate:>6.2f}")
     print("dram = fraction of TB/s a streaming kernel reaches (blink/hardware.py "
           "dram_efficiency_rule)")
     print("fp32 / tc = fraction of boost held under dense CUDA-core / tensor-core math "
           "(blink/hardware.py power rule)")
+    print("sgemm = share of the FP32 peak an SGEMM keeps (below 1 where FP32 lanes are shared "
+          "with INT32: blink/hardware.py SIMT_GEMM_RATE_SHARED_DATAPATH)")
     return 0
 
 

@@ -850,16 +850,21 @@ def test_cli_gpus_lists_power_and_sustained_ratio(capsys):
     assert main(["gpus"]) == 0
     out = capsys.readouterr().out
     head = out.splitlines()[0].split()
-    assert head[-3:] == ["W", "fp32", "tc"]
+    assert head[-4:] == ["W", "fp32", "tc", "sgemm"]
     for name in ("RTX-PRO-6000-Max-Q", "T4"):
         line = next(x for x in out.splitlines() if x.startswith(name)).split()
         g = hardware.get_gpu(name)
-        assert float(line[-3]) == g.tdp_w
-        assert float(line[-2]) == pytest.approx(g.sustained_fp32_ratio, abs=0.006)
-        assert float(line[-1]) == pytest.approx(g.sustained_tc_ratio, abs=0.006)
+        assert float(line[-4]) == g.tdp_w
+        assert float(line[-3]) == pytest.approx(g.sustained_fp32_ratio, abs=0.006)
+        assert float(line[-2]) == pytest.approx(g.sustained_tc_ratio, abs=0.006)
+        assert float(line[-1]) == g.simt_gemm_rate
         assert head[6] == "dram" and float(line[5]) == g.dram_efficiency  # "mem GiB": 2 words
-    assert "tensor-core" in out.splitlines()[-1]
-    assert "streaming kernel" in out.splitlines()[-2]
+    # The Blackwell workstation board shares FP32 lanes with INT32; the T4 does not.
+    assert hardware.get_gpu("RTX-PRO-6000-Max-Q").simt_gemm_rate < 1.0
+    assert hardware.get_gpu("T4").simt_gemm_rate == 1.0
+    assert "INT32" in out.splitlines()[-1]
+    assert "tensor-core" in out.splitlines()[-2]
+    assert "streaming kernel" in out.splitlines()[-3]
 
 
 def test_core_spec_carries_the_sustained_ratios_and_checks_them():
@@ -870,6 +875,11 @@ def test_core_spec_carries_the_sustained_ratios_and_checks_them():
         assert core.sustained_fp32_ratio == pytest.approx(g.sustained_fp32_ratio)
         assert core.sustained_tc_ratio == pytest.approx(g.sustained_tc_ratio)
         assert core.boost_window_s == hardware.BOOST_WINDOW_S
+        assert core.simt_gemm_rate == g.simt_gemm_rate
+    with pytest.raises(Exception, match="simt_gemm_rate"):
+        _C.GpuSpec(name="x", sm_count=1, clock_hz=1e9, mem_bw=1e11, l2_bytes=1e6,
+                   peak_fp32=1e12, peak_tf32=0, peak_bf16=0, peak_fp16=1e12, peak_fp8=0,
+                   cc_major=8, cc_minor=6, simt_gemm_rate=0.0)
     with pytest.raises(Exception, match="sustained ratios"):
         _C.GpuSpec(name="x", sm_count=1, clock_hz=1e9, mem_bw=1e11, l2_bytes=1e6,
                    peak_fp32=1e12, peak_tf32=0, peak_bf16=0, peak_fp16=1e12, peak_fp8=0,
