@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/matmul_published.py        (~2 s)
 
 Published (data/published/torch_mm_tflops.csv, its README says more):
-github.com/zzc0721/torch-performance-test-data (database.md, read 2026-12-06), a
+github.com/zzc0721/torch-performance-test-data (database.md and three issues, read 2026-12-06), a
 community table of torch.mm TFLOP/s: its test.py times 30 back-to-back torch.mm of two n x n
 matrices (n = 1024, 2048, 4096, 8192, 10240) after 6 warm-up calls and reports each dtype's
 best n (2 n^3 FLOP per call). Each row is one contributor's machine (cloud containers and
@@ -35,24 +35,30 @@ DTYPES = {"fp32": 6, "fp16": 5, "bf16": 15}  # c10::ScalarType codes
 DATA = Path(__file__).resolve().parents[1] / "data" / "published" / "torch_mm_tflops.csv"
 
 
-def load_published(path: Path = DATA) -> dict[str, list[tuple[float | None, ...]]]:
-    """hardware-table GPU -> [(fp32, fp16, bf16) TFLOP/s per contributor row]; None: not
-    measured (data/published/README.md)."""
-    out: dict[str, list[tuple[float | None, ...]]] = {}
+# The rows SIMT_GEMM_RATE_SHARED_DATAPATH was fitted on; rows from other sources check it.
+FIT_SOURCE = "database.md"
+
+
+def load_published(path: Path = DATA) -> dict[str, list[tuple[str, tuple[float | None, ...]]]]:
+    """hardware-table GPU -> [(source, (fp32, fp16, bf16) TFLOP/s) per contributor row]; None:
+    not measured (data/published/README.md)."""
+    out: dict[str, list[tuple[str, tuple[float | None, ...]]]] = {}
     with path.open(newline="") as fh:
         for r in csv.DictReader(fh):
             out.setdefault(r["gpu"], []).append(
-                tuple(float(r[d]) if r[d] else None for d in DTYPES))
+                (r["source"], tuple(float(r[d]) if r[d] else None for d in DTYPES)))
     return out
 
 
 PUBLISHED = load_published()
 
 
-def measured(gpu: str, dtype: str) -> list[float]:
-    """The published rates of a GPU and dtype (FP32 figures above the FP32 peak ran TF32)."""
+def measured(gpu: str, dtype: str, source: str | None = None) -> list[float]:
+    """The published rates of a GPU and dtype (FP32 figures above the FP32 peak ran TF32),
+    from one source only if `source` is given."""
     i = list(DTYPES).index(dtype)
-    vals = [r[i] for r in PUBLISHED.get(gpu, []) if r[i] is not None]
+    vals = [r[i] for src, r in PUBLISHED.get(gpu, [])
+            if r[i] is not None and source in (None, src)]
     if dtype == "fp32":
         vals = [v for v in vals if v <= 1.15 * get_gpu(gpu).peak_flops["fp32"] / 1e12]
     return vals
@@ -112,10 +118,12 @@ def main() -> int:
 def _simt_rate_logo() -> None:
     """The SIMT_GEMM_RATE_SHARED_DATAPATH fit (blink/hardware.py): on each shared-datapath board
     the power rule leaves at its highest clock, the rate that would make Blink's FP32 figure the
-    published one; each board held out, the other boards' mean, and its error. A board whose
-    tensor-core rate is off by more than CLOCK_OFF as well runs at another clock than the table
-    says (no FP32 datapath there): shown, left out of the means."""
-    implied: dict[str, float] = {}
+    published one. Fitted on FIT_SOURCE's rows: each board held out, the other boards' mean,
+    and its error; boards only other sources measured are checks against the fitted boards'
+    mean. A board whose tensor-core rate is off by more than CLOCK_OFF as well runs at another
+    clock than the table says (no FP32 datapath there): shown, left out of the means."""
+    fit: dict[str, float] = {}
+    check: dict[str, float] = {}
     clock_off: dict[str, float] = {}
     for gpu in PUBLISHED:
         g = get_gpu(gpu)
@@ -123,29 +131,32 @@ def _simt_rate_logo() -> None:
             continue
         if g.sustained_fp32_ratio < g.max_clock_ratio:
             continue  # held below its clock by the power rule: the rate does not set its time
-        vals = measured(gpu, "fp32")
         tc = measured(gpu, "bf16") or measured(gpu, "fp16")
-        if not vals or not tc:
+        if not measured(gpu, "fp32") or not tc:
             continue
-        implied[gpu] = g.simt_gemm_rate * statistics.median(vals) / blink_tflops(gpu, "fp32")
+        per_rate = g.simt_gemm_rate / blink_tflops(gpu, "fp32")
+        in_fit = measured(gpu, "fp32", FIT_SOURCE)
+        target = fit if in_fit else check
+        target[gpu] = per_rate * statistics.median(in_fit or measured(gpu, "fp32"))
         tc_ratio = blink_tflops(gpu, "bf16") / statistics.median(tc)
         if abs(tc_ratio - 1.0) > CLOCK_OFF:
             clock_off[gpu] = tc_ratio
-    used = {k: v for k, v in implied.items() if k not in clock_off}
+    used = {k: v for k, v in fit.items() if k not in clock_off}
     if len(used) < 2:
         return
     print()
     print(f"SIMT_GEMM_RATE_SHARED_DATAPATH = {SIMT_GEMM_RATE_SHARED_DATAPATH:g}: the rate each "
-          "board implies, and each held out (the others' mean)")
+          f"board implies; fitted on {FIT_SOURCE}, each held out (the others' mean)")
     print(f"{'gpu':<16} {'implied':>7} {'held out':>8} {'error':>7}")
-    for gpu, r in implied.items():
+    for gpu, r in {**fit, **check}.items():
         if gpu in clock_off:
             print(f"{gpu:<16} {r:>7.3f}  left out: Blink's bf16 rate is {clock_off[gpu]:.2f}x the "
                   "published (its clock is off)")
             continue
         others = statistics.fmean(v for k, v in used.items() if k != gpu)
-        print(f"{gpu:<16} {r:>7.3f} {others:>8.3f} {100 * (others / r - 1):>+6.1f}%")
-    print(f"{'mean':<16} {statistics.fmean(used.values()):>7.3f}")
+        what = "" if gpu in fit else "  (check: not in the fit)"
+        print(f"{gpu:<16} {r:>7.3f} {others:>8.3f} {100 * (others / r - 1):>+6.1f}%{what}")
+    print(f"{'mean of the fit':<16} {statistics.fmean(used.values()):>7.3f}")
 
 if __name__ == "__main__":
     raise SystemExit(main())
