@@ -825,7 +825,12 @@ def test_sustained_override_in_a_user_file(tmp_path):
     hardware.register_gpu_file(write_json(tmp_path / "m.json", entry))
     g = hardware.get_gpu("Measured-L4")
     assert g.sustained_fp32_ratio == 0.62
-    assert g.sustained_tc_ratio == hardware.get_gpu("L4").sustained_tc_ratio  # rule kept
+    # The tensor-core ratio falls back to the power rule (the built-in L4's measured one is
+    # replaced with the whole "sustained" object).
+    assert g.sustained_tc_ratio == hardware.power_rule_ratio(
+        g.peak_flops["fp16"] * hardware.TC_ENERGY_PER_FLOP, g.tdp_w, g.process,
+        max_clock=g.max_clock_ratio)
+    assert g.sustained_tc_ratio != hardware.get_gpu("L4").sustained_tc_ratio
     assert "my nvidia-smi" in g.sustained_source
     for bad, field in (({"fp32_ratio": 1.5, "source": "x"}, "sustained.fp32_ratio"),
                        ({"fp32_ratio": 0.5}, "sustained.source"),
