@@ -144,7 +144,7 @@ def _cmd_gpus(a: argparse.Namespace) -> int:
     print("fp32 / tc = fraction of boost held under dense CUDA-core / tensor-core math "
           "(blink/hardware.py power rule)")
     print("sgemm = share of the FP32 peak an SGEMM keeps (below 1 where FP32 lanes are shared "
-          "with INT32: blink/hardware.py SIMT_GEMM_RATE_SHARED_DATAPATH)")
+          "with INT32, and on Hopper: blink/hardware.py simt_gemm_rate_rule)")
     return 0
 
 

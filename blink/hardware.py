@@ -176,6 +176,16 @@ DRAM_EFFICIENCY_VOLTA_ON = 0.90
 SIMT_GEMM_RATE_SHARED_DATAPATH = 0.70
 
 
+# SIMT_GEMM_RATE_SM90: the same share on Hopper, whose FP32 lanes are dedicated but 32 per
+# scheduler (A100: 16), so an SGEMM's FFMAs want every issue slot and lose those its loads and
+# address arithmetic take. Fitted on the public torch.mm FP32 rows of an H100 SXM (52.1
+# TFLOP/s) and an H200 (51.3): 0.895 / 0.882 of what kSimtGemmBaseEfficiency alone gives at
+# their boost clock (both hold it under the power rule, and Blink's tensor-core rate in the
+# same rows is within 4%, so the clock is right). One die (GH100) in two boards: nothing is
+# held out. Datacentre Blackwell's row (B200, 0.98) does not show it and keeps 1.
+SIMT_GEMM_RATE_SM90 = 0.89
+
+
 def fp32_shares_int_datapath(compute_capability: tuple[int, int]) -> bool:
     """Whether an SM of this compute capability runs half its FP32 lanes on a datapath shared
     with INT32 (see SIMT_GEMM_RATE_SHARED_DATAPATH)."""
@@ -185,7 +195,9 @@ def fp32_shares_int_datapath(compute_capability: tuple[int, int]) -> bool:
 
 def simt_gemm_rate_rule(compute_capability: tuple[int, int]) -> float:
     """The share of the listed FP32 peak an SGEMM main loop keeps on this compute capability."""
-    return SIMT_GEMM_RATE_SHARED_DATAPATH if fp32_shares_int_datapath(compute_capability) else 1.0
+    if fp32_shares_int_datapath(compute_capability):
+        return SIMT_GEMM_RATE_SHARED_DATAPATH
+    return SIMT_GEMM_RATE_SM90 if compute_capability[0] == 9 else 1.0
 
 
 def dram_efficiency_rule(compute_capability: tuple[int, int]) -> float:
