@@ -10,20 +10,15 @@ from pathlib import Path
 
 import pytest
 
+# Every test starts from the built-in GPU table only (test_hardware's autouse fixture).
+from test_hardware import fresh_registry  # noqa: F401
+
 from blink import hardware
 from blink.cost import tensor_arg, unit_features
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "published" / "torch_mm_tflops.csv"
 DTYPE_CODES = {"fp32": 6, "fp16": 5, "bf16": 15}
 SIZES = (1024, 2048, 4096, 8192, 10240)
-
-
-@pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    monkeypatch.delenv(hardware.GPU_FILE_ENV, raising=False)
-    hardware._reset_for_tests()
-    yield
-    hardware._reset_for_tests()
 
 
 def published(gpu: str, dtype: str) -> float | None:
