@@ -160,7 +160,7 @@ DRAM_EFFICIENCY_VOLTA_ON = 0.90
 # sub-partition has 16 FP32 lanes and 16 that run FP32 or INT32 per clock, and the listed peak
 # counts both). An SGEMM also issues shared-memory loads, address and loop arithmetic, and the
 # shared lanes and issue slots those take do no FMAs, so the doubled peak is out of reach;
-# A100 (sm_80) and Hopper / datacentre Blackwell have dedicated FP32 lanes and keep 1.
+# A100 (sm_80) and datacentre Blackwell keep 1, Hopper has its own (SIMT_GEMM_RATE_SM90).
 # GpuSpec::simt_gemm_rate in the C++ core (gemm_cost.cpp, on top of kSimtGemmBaseEfficiency);
 # the power rule charges dense FP32 math at this share of the peak (its FLOPs draw the power).
 # Fitted on public torch.mm rates (data/published/torch_mm_tflops.csv; benchmarks/
@@ -168,9 +168,10 @@ DRAM_EFFICIENCY_VOLTA_ON = 0.90
 # clock, the share that puts Blink's FP32 rate on the published one: RTX 3090 0.72, RTX 4090
 # 0.69, RTX PRO 6000 0.71; held out one at a time (the others' mean) each is off by at most
 # 4.4%; the A10G, whose public row was added after the fit, implies 0.76 (Blink 8% slow
-# there). The L40S (0.59) and RTX 5090 (0.68) are left out of the mean because Blink's
-# tensor-core rate on them is off as well (1.15x and 0.89x the published), so their clock, not
-# the FP32 datapath, is what the table misses there. Before this rule Blink put these boards'
+# there). The L40S (0.59) and RTX 5090 (0.68) were left out of the mean because Blink's
+# tensor-core rate on them was off as well (1.15x and 0.89x the published), so their clock, not
+# the FP32 datapath, is what the table missed there (the L40S entry has since taken measured
+# ratios from its row, which also takes it out of the fit). Before this rule Blink put these boards'
 # FP32 GEMMs 1.07-1.47x too fast (the RTX 3090's only through a power throttle that its FP32
 # math, at this share, does not reach: it now holds its clock).
 SIMT_GEMM_RATE_SHARED_DATAPATH = 0.70
@@ -288,7 +289,7 @@ class GPUSpec:
     boost_clock_kind: str = "max"
     # Fraction of the datasheet bandwidth a streaming kernel reaches (DRAM_EFFICIENCY).
     dram_efficiency: float = DRAM_EFFICIENCY_VOLTA_ON
-    # Share of the listed FP32 peak an SGEMM main loop keeps (SIMT_GEMM_RATE_SHARED_DATAPATH).
+    # Share of the listed FP32 peak an SGEMM main loop keeps (simt_gemm_rate_rule).
     simt_gemm_rate: float = 1.0
 
     @property
@@ -662,7 +663,7 @@ def _sustained(
 ) -> tuple[float, float, str]:
     """(fp32 ratio, tensor-core ratio, source) of an entry: its "sustained" object where it
     gives them, else the power rule: FP32 math at the demand of the FP32 peak x `simt_rate`
-    (the share dense FP32 math reaches, SIMT_GEMM_RATE_SHARED_DATAPATH), tensor-core math at
+    (the share dense FP32 math reaches, simt_gemm_rate_rule), tensor-core math at
     the dense FP16 tensor-core peak x TC_ENERGY_PER_FLOP (`peak_tc` None: no tensor cores, the
     FP32 ratio for both). `max_clock`: the highest clock over the listed boost (the ratios' cap)."""
     rule = power_rule_ratio((peak_fp32 or 0.0) * simt_rate, tdp_w, process, max_clock=max_clock)

@@ -54,7 +54,7 @@ struct GpuSpec {
   // blink/hardware.py's DRAM_EFFICIENCY rule, one value per GPU in the hardware table.
   double dram_efficiency = 0.90;
   // Share of peak_fp32 an SGEMM main loop keeps (1, or less on SMs whose FP32 lanes are half
-  // shared with INT32): blink/hardware.py's SIMT_GEMM_RATE_SHARED_DATAPATH rule.
+  // shared with INT32, and on Hopper): blink/hardware.py's simt_gemm_rate_rule.
   double simt_gemm_rate = 1.0;
 };
 

@@ -37,7 +37,7 @@ inline double tc_gemm_base_efficiency(int cc_major) {
 // lose less to what those constants charge. mma.sync architectures only (sm_80 - sm_89 and
 // consumer Blackwell, sm_12x): Volta / Turing keep their fitted values, and Hopper / datacentre
 // Blackwell feed wgmma / tcgen05 from shared memory by descriptor. Derived, not fitted; the
-// checks are benchmarks/matmul_published.py (public torch.mm rates of 12 GPUs) and the RTX
+// checks are benchmarks/matmul_published.py (public torch.mm rates of 15 GPUs) and the RTX
 // 3090's timm models (held-out families, blink evaluate). Two effects (gemm_cost.cpp):
 //  - Shared-memory operand feed. The tile efficiencies (kTcTiles / kTcConvTiles) are an
 //    mma.sync main loop fed by ldmatrix at the A100's rate: 2048 dense FP16 FLOP per clock per
