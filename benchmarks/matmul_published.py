@@ -76,8 +76,8 @@ def blink_tflops(gpu: str, dtype: str) -> float:
 
 
 def peak_tflops(gpu: str, dtype: str) -> float:
-    g = get_gpu(gpu)
-    return g.peak_flops[dtype] / 1e12
+    """The dtype's dense peak at the boost clock, 0 where the GPU has none."""
+    return (get_gpu(gpu).peak_flops.get(dtype) or 0.0) / 1e12
 
 
 def in_sample(gpu: str) -> bool:
@@ -98,18 +98,19 @@ def main() -> int:
                                                         "fp32 (CUDA cores)": []}
     for gpu in PUBLISHED:
         for dtype in DTYPES:
-            peak = peak_tflops(gpu, dtype) if get_gpu(gpu).peak_flops.get(dtype) else 0.0
+            peak = peak_tflops(gpu, dtype)
             vals = measured(gpu, dtype)
             if not vals or not peak:
                 continue
             pub = statistics.median(vals)
             ours = blink_tflops(gpu, dtype)
-            mark = "*" if in_sample(gpu) else " "
+            fitted = in_sample(gpu)
+            mark = "*" if fitted else " "
             print(f"{gpu:<16}{mark} {dtype:<5} {len(vals):>4} {pub:>9.1f} | {ours:>7.1f} "
                   f"{ours / pub:>6.2f} | {peak:>8.1f} {peak / pub:>6.2f}")
             key = "fp32 (CUDA cores)" if dtype == "fp32" else "tensor cores"
             # time ~ 1 / rate: |t_pred - t_pub| / t_pub = |pub / pred - 1|
-            errs[key].append((abs(pub / ours - 1.0), abs(pub / peak - 1.0), in_sample(gpu)))
+            errs[key].append((abs(pub / ours - 1.0), abs(pub / peak - 1.0), fitted))
     print()
     print("time error |t_pred - t_published| / t_published per GPU x dtype cell")
     print(f"{'':<34} {'cells':>5} | {'blink MAPE':>10} {'median':>7} | {'roofline MAPE':>13} "

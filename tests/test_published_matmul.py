@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import copy
-import csv
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,18 +16,17 @@ from test_hardware import fresh_registry  # noqa: F401
 from blink import hardware
 from blink.cost import tensor_arg, unit_features
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "published" / "torch_mm_tflops.csv"
+# The benchmark's reader of the published rows and its rate over the same square sizes, so the
+# test checks what benchmarks/matmul_published.py reports.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from matmul_published import blink_tflops, measured  # noqa: E402
+
 DTYPE_CODES = {"fp32": 6, "fp16": 5, "bf16": 15}
-SIZES = (1024, 2048, 4096, 8192, 10240)
 
 
-def published(gpu: str, dtype: str) -> float | None:
-    """Median published rate (TFLOP/s); FP32 figures above the FP32 peak ran TF32."""
-    with DATA.open(newline="") as fh:
-        vals = [float(r[dtype]) for r in csv.DictReader(fh) if r["gpu"] == gpu and r[dtype]]
-    if dtype == "fp32":
-        vals = [v for v in vals if v <= 1.15 * hardware.get_gpu(gpu).peak_flops["fp32"] / 1e12]
-    return statistics.median(vals) if vals else None
+def published(gpu: str, dtype: str) -> float:
+    """Median published rate (TFLOP/s) of a GPU and dtype."""
+    return statistics.median(measured(gpu, dtype))
 
 
 def mm_time(gpu: str, m: int, n: int, k: int, dtype: str) -> float:
@@ -37,17 +36,12 @@ def mm_time(gpu: str, m: int, n: int, k: int, dtype: str) -> float:
                          [tensor_arg((m, n), c)], gpu, boost_window_s=0.0)["analytic_time_s"]
 
 
-def best_rate(gpu: str, dtype: str) -> float:
-    """Blink's best TFLOP/s over the benchmark's square sizes, as the published table reports."""
-    return max(2.0 * n**3 / mm_time(gpu, n, n, n, dtype) / 1e12 for n in SIZES)
-
-
 def test_tensor_core_gemm_rates_match_public_measurements_on_unseen_gpus():
     # Hopper, datacentre Blackwell, A100 and the GeForce boards (half-rate FP32 accumulate):
     # none of them in Blink's per-kernel training data, none of these rows fitted.
     cells = [(g, d) for g in ("A100-80GB", "H100-SXM", "H200", "B200", "RTX3090", "RTX4090")
              for d in ("fp16", "bf16")]
-    ratios = {c: best_rate(*c) / published(*c) for c in cells}
+    ratios = {c: blink_tflops(*c) / published(*c) for c in cells}
     assert all(0.9 <= r <= 1.1 for r in ratios.values()), ratios
     roofline = [hardware.get_gpu(g).peak_flops[d] / 1e12 / published(g, d) for g, d in cells]
     assert statistics.median(abs(r - 1) for r in ratios.values()) < 0.5 * statistics.median(
@@ -61,12 +55,12 @@ def test_fp32_gemm_on_shared_datapath_boards_matches_public_measurements():
         g = hardware.get_gpu(gpu)
         assert hardware.fp32_shares_int_datapath(g.compute_capability)
         assert g.simt_gemm_rate == hardware.SIMT_GEMM_RATE_SHARED_DATAPATH < 1.0
-        assert best_rate(gpu, "fp32") / published(gpu, "fp32") == pytest.approx(1.0, abs=0.06)
+        assert blink_tflops(gpu, "fp32") / published(gpu, "fp32") == pytest.approx(1.0, abs=0.06)
     # Hopper's 32 FP32 lanes per scheduler want every issue slot (SIMT_GEMM_RATE_SM90, fitted
     # on these two rows of one die); A100, datacentre Blackwell, Volta and Turing keep 1.
     for gpu in ("H100-SXM", "H200"):
         assert hardware.get_gpu(gpu).simt_gemm_rate == hardware.SIMT_GEMM_RATE_SM90 < 1.0
-        assert best_rate(gpu, "fp32") / published(gpu, "fp32") == pytest.approx(1.0, abs=0.03)
+        assert blink_tflops(gpu, "fp32") / published(gpu, "fp32") == pytest.approx(1.0, abs=0.03)
     for gpu in ("A100-40GB", "B200", "V100", "T4"):
         assert hardware.get_gpu(gpu).simt_gemm_rate == 1.0
     # The power rule charges what the FP32 math reaches: the stock RTX 3090 holds its clock.

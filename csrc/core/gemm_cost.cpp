@@ -142,7 +142,7 @@ struct TcRelief {
 };
 TcRelief tc_relief(MathMode m, double flop_per_sm_clock, const GpuSpec& g) {
   TcRelief r;
-  if (!tc_main_loop_scales(g.cc_major) || !(flop_per_sm_clock > 0)) return r;
+  if (!mma_sync_arch(g.cc_major) || !(flop_per_sm_clock > 0)) return r;
   const double demand = flop_per_sm_clock * tc_operand_bytes(m);
   r.tile = std::max(1.0, kTcTileReferenceDemand / demand);
   r.base = std::max(1.0, tc_full_rate_flop_per_sm_clock(g.cc_major, g.cc_minor) * 2.0 / demand);

@@ -30,8 +30,11 @@ namespace blink {
 //    bf16 0.96-1.02x, A100 1.01-1.08x), as do the boards below (kTcTileReferenceDemand).
 inline constexpr double kTcGemmBaseEfficiency = 0.80;
 inline constexpr double kTcGemmBaseEfficiencySm80 = 0.86;
+// Architectures whose tensor-core GEMMs are mma.sync main loops fed by ldmatrix from shared
+// memory: Ampere / Ada (sm_8x) and consumer Blackwell (sm_12x).
+inline bool mma_sync_arch(int cc_major) { return cc_major == 8 || cc_major == 12; }
 inline double tc_gemm_base_efficiency(int cc_major) {
-  return cc_major == 8 || cc_major == 12 ? kTcGemmBaseEfficiencySm80 : kTcGemmBaseEfficiency;
+  return mma_sync_arch(cc_major) ? kTcGemmBaseEfficiencySm80 : kTcGemmBaseEfficiency;
 }
 // Tensor-core boards whose MMA pipe runs slower than the design point of the constants above
 // lose less to what those constants charge. mma.sync architectures only (sm_80 - sm_89 and
@@ -56,7 +59,6 @@ inline double tc_gemm_base_efficiency(int cc_major) {
 //    reaches 1.01-1.14x of the boost-clock peak, which needs an efficiency over 0.9 at any
 //    clock GPU Boost reaches.
 inline constexpr double kTcTileReferenceDemand = 2048.0 * 2.0;
-inline bool tc_main_loop_scales(int cc_major) { return cc_major == 8 || cc_major == 12; }
 // Dense FP16 FLOP per clock per SM an mma.sync architecture's own full-rate parts reach.
 inline double tc_full_rate_flop_per_sm_clock(int cc_major, int cc_minor) {
   return cc_major == 8 && cc_minor == 0 ? 2048.0 : 1024.0;
