@@ -38,6 +38,8 @@ Only dense (non-nested) tensors are modelled. ROCm is not modelled.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 import math
 import os
@@ -57,6 +59,7 @@ __all__ = [
     "choose_sdpa_backend_for_tensors",
     "explain_sdpa_choice",
     "target_scaled_dot_product_attention",
+    "torch24_math_sdpa",
 ]
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
@@ -956,6 +959,8 @@ def call_fused_sdpa(
         # post_process_flash_output: slice the padded head dim away.
         return out[..., :og_size] if out.size(-1) != og_size else out
     mask = _convert_boolean_attn_mask(attn_mask, query.dtype)
+    if backend == "math" and _TORCH24_MATH.get():
+        return _math_torch24(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa)
     if backend == "math":
         return ops._scaled_dot_product_attention_math(
             query, key, value, mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
@@ -970,6 +975,57 @@ def call_fused_sdpa(
     return ops._scaled_dot_product_efficient_attention(
         query, key, value, mask, lse, dropout_p, is_causal, scale=scale
     )[0]
+
+
+# The math backend as torch <= 2.4 ran it, for replaying measurements taken with that torch
+# only (timm's 2024 RTX 3090 files: blink/train/timm_cache.py); Blink's targets are 2.11-2.14.
+# attention.cpp's _scaled_dot_product_attention_math of 2.4 computed in the inputs' dtype and
+# took a plain softmax. 2.5 made it upcast half / bfloat16 inputs to float32 (unless
+# torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp) and take _safe_softmax (eq / all /
+# where passes over the attention matrix): traced with today's path, timm's 5-D attentions
+# (NesT, Twins-SVT), which only the math kernel runs, cost 1.3-2.1x their measured time.
+_TORCH24_MATH: contextvars.ContextVar[bool] = contextvars.ContextVar("torch24_math",
+                                                                     default=False)
+
+
+@contextlib.contextmanager
+def torch24_math_sdpa(enabled: bool = True) -> Iterator[None]:
+    """Inside (when `enabled`): the math SDPA backend is traced as torch <= 2.4 ran it (in the
+    inputs' dtype, plain softmax), not as the installed torch runs it."""
+    token = _TORCH24_MATH.set(enabled)
+    try:
+        yield
+    finally:
+        _TORCH24_MATH.reset(token)
+
+
+def _math_torch24(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
+    # torch 2.4 attention.cpp _scaled_dot_product_attention_math, step by step.
+    if enable_gqa:
+        raise ConfigError("torch 2.4's scaled_dot_product_attention has no enable_gqa")
+    s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
+    factor = math.sqrt(abs(s))  # q and k each scaled by sqrt(scale), for stability
+    q = query * (-factor if s < 0 else factor)
+    if is_causal:
+        causal = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool,
+                            device=query.device).tril()
+        mask = _convert_boolean_attn_mask(causal, query.dtype)
+    attn = torch.matmul(q, key.transpose(-2, -1) * factor)
+    if mask is not None:
+        attn.add_(mask)
+    attn = torch.softmax(attn, -1)
+    if dropout_p > 0.0:
+        attn = torch.dropout(attn, dropout_p, True)
+    return torch.matmul(attn, value)
 
 
 def _empty_output(

@@ -541,3 +541,95 @@ def test_override_scaled_dot_product_attention():
     finally:
         lib._destroy()
     assert seen == ["cudnn"]
+
+
+# ------------------------------------------------------------------------------------------
+# the math backend as torch 2.4 ran it (replaying timm's 2024 measurements)
+
+
+class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops that run below it, with their first input's dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, torch.dtype | None]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        self.ops.append((func.overloadpacket.__name__, first.dtype if first is not None else None))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("case", ["plain", "mask", "causal", "negative scale"])
+def test_torch24_math_matches_torch(case):
+    """The 2.4 composite computes what torch's own math SDPA computes (float32 on the CPU)."""
+    from blink.sdpa import torch24_math_sdpa
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 4, 7, 16, generator=g) for _ in range(3))  # 5-D, as NesT
+    mask = torch.randn(7, 7, generator=g) if case == "mask" else None
+    causal = case == "causal"
+    scale = -0.3 if case == "negative scale" else None
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+    with torch24_math_sdpa():
+        got = call_fused_sdpa("math", q, k, v, mask, 0.0, causal, scale, False)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_torch24_math_program_on_meta():
+    """Inside the context, fp16 math SDPA runs in fp16 with a plain softmax (2.4); outside, the
+    installed torch's path (2.5+: float32 upcast and _safe_softmax's extra passes)."""
+    from blink.sdpa import torch24_math_sdpa
+
+    q = torch.empty(8, 4, 16, 49, 32, dtype=torch.float16, device="meta")
+    with _OpLog() as old, torch24_math_sdpa():
+        out = call_fused_sdpa("math", q, q, q, None, 0.0, False, None, False)
+    assert out.dtype == torch.float16
+    names = [n for n, _ in old.ops]
+    assert ("_softmax", torch.float16) in old.ops
+    assert not {"_to_copy", "eq", "all", "where"} & set(names)
+    assert names.count("bmm") == 2
+    with _OpLog() as new:
+        call_fused_sdpa("math", q, q, q, None, 0.0, False, None, False)
+    upcast = any(n == "_to_copy" for n, _ in new.ops)
+    safe = {"eq", "all", "where"} <= {n for n, _ in new.ops}
+    assert upcast or safe, new.ops
+    # the flag is scoped: nested contexts restore it
+    with torch24_math_sdpa(), torch24_math_sdpa(False), _OpLog() as inner:
+        call_fused_sdpa("math", q, q, q, None, 0.0, False, None, False)
+    assert [n for n, _ in inner.ops] == [n for n, _ in new.ops]
+
+
+def test_torch24_math_rejects_gqa():
+    from blink.sdpa import torch24_math_sdpa
+
+    q = torch.empty(1, 4, 8, 16, device="meta")
+    kv = torch.empty(1, 2, 8, 16, device="meta")
+    with torch24_math_sdpa(), pytest.raises(ConfigError, match="enable_gqa"):
+        call_fused_sdpa("math", q, kv, kv, None, 0.0, False, None, True)
+
+
+def test_timm_cache_traces_the_inference_rows_as_torch_2_4():
+    """timm's 2024 inference rows (torch 2.4) are traced with 2.4's math SDPA: NesT's 5-D
+    attention softmaxes in fp16 with no _safe_softmax passes; a plain trace of the same model
+    (what blink.predict runs for a user of today's torch) keeps the installed torch's path."""
+    pytest.importorskip("timm")
+    from blink.dryrun import trace_model
+    from blink.train import timm_cache
+
+    t, _ = timm_cache.build_model("nest_tiny", 2, 224, mode="inference")
+    softmax = [op for op in t.ops if op.name == "aten::_softmax"]
+    assert softmax and all(op.inputs[0].dtype == "float16" for op in softmax)
+    assert not any(op.name in ("aten::eq", "aten::where") for op in t.ops)
+
+    import timm
+
+    with torch.device("meta"):
+        model = timm.create_model("nest_tiny")
+    plain = trace_model(model, input_shape=(2, 3, 224, 224), batch_size=2, gpu="RTX 3090",
+                        dtype="amp-fp16")
+    names = {op.name for op in plain.ops}
+    upcast = any(op.name == "aten::_softmax" and op.inputs[0].dtype == "float32"
+                 for op in plain.ops)
+    assert upcast or {"aten::eq", "aten::where"} <= names

@@ -84,7 +84,8 @@ def split_consistent(rows: list[dict[str, Any]], gpu: str = TIMM_GPU
     No kernel runs faster than its roofline, so such a measurement timed another program than
     the trace: the timm times are torch 2.4 (inference) and 1.12 (training) runs, traced here
     with the installed torch, and some paths changed between them (2.5's math SDPA upcasts
-    fp16 to fp32, which NesT's 5-D attention takes). Neither a correction nor a calibration
+    fp16 to fp32, which NesT's 5-D attention takes: the cache now traces 2.4's, blink.sdpa
+    torch24_math_sdpa, and NesT's rows are kept). Neither a correction nor a calibration
     can learn from such a label, and an error on it says nothing about blink, so these rows
     are left out of fitting and calibration and reported apart (blink evaluate)."""
     from ..hardware import get_gpu

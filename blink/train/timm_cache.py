@@ -89,18 +89,25 @@ class _Source:
     # how the rows were measured, not of the cost model: blink's users' default (no fast norm)
     # is what blink.predict traces.
     fast_norm: bool = False
+    # The file was measured with torch 2.4, whose math SDPA (the only kernel for timm's 5-D
+    # attentions: NesT, Twins-SVT's locally grouped attention) ran in fp16 with a plain
+    # softmax; today's upcasts to fp32 and adds _safe_softmax's passes (blink.sdpa
+    # torch24_math_sdpa). Traced the 2.4 way, measured / analytic at batch 1024: nest_tiny
+    # 0.48 -> 0.97, nest_base 0.45 -> 0.93, twins_svt_small 0.79 -> 0.97, _large 0.76 -> 0.89.
+    torch24_math_sdpa: bool = False
 
 
 # The training file times zero_grad, forward + cross entropy under AMP, backward and an SGD step
 # (momentum 0.9): blink traces the same step (mode "train", optimizer "sgd").
 MODES = {
-    "inference": _Source(SOURCE_FILE, CACHE_NAME, "infer", "inference", fast_norm=True),
+    "inference": _Source(SOURCE_FILE, CACHE_NAME, "infer", "inference", fast_norm=True,
+                         torch24_math_sdpa=True),
     "train": _Source(TRAIN_SOURCE_FILE, TRAIN_CACHE_NAME, "train", "train",
                      fused_attention=False),
     # The same inference benchmark run channels-last (benchmark.py --channels-last): never
     # trained on; benchmarks/timm_layouts.py checks blink's layout costing against it.
     "inference-nhwc": _Source(NHWC_SOURCE_FILE, NHWC_CACHE_NAME, "infer", "inference",
-                              channels_last=True, fast_norm=True),
+                              channels_last=True, fast_norm=True, torch24_math_sdpa=True),
 }
 
 
@@ -197,6 +204,7 @@ def build_model(name: str, batch: int, img: int, want_params: float | None = Non
     import torch
 
     from ..dryrun import trace_model
+    from ..sdpa import torch24_math_sdpa
 
     src = _source(mode)
     with torch.device("meta"), _timm_fused_attention(src.fused_attention), \
@@ -206,9 +214,10 @@ def build_model(name: str, batch: int, img: int, want_params: float | None = Non
     if want_params is not None and abs(params - want_params) > PARAM_TOLERANCE * want_params:
         raise ValueError(f"param count {params / 1e6:.2f}M != benchmark {want_params / 1e6:.2f}M")
     extra = {"optimizer": "sgd"} if src.trace_mode == "train" else {}
-    t = trace_model(model, input_shape=(batch, 3, img, img), batch_size=batch, gpu=GPU,
-                    dtype="amp-fp16", mode=src.trace_mode, channels_last=src.channels_last,
-                    **extra)
+    with torch24_math_sdpa(src.torch24_math_sdpa):
+        t = trace_model(model, input_shape=(batch, 3, img, img), batch_size=batch, gpu=GPU,
+                        dtype="amp-fp16", mode=src.trace_mode, channels_last=src.channels_last,
+                        **extra)
     return t, params
 
 
