@@ -35,6 +35,7 @@ REQUIRED_GPUS = [
     "RTX-PRO-6000-Max-Q",
     "A100-PCIe-80GB",
     "A2",
+    "A40",
     "B200",
 ]
 
