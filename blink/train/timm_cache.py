@@ -90,10 +90,11 @@ class _Source:
     # is what blink.predict traces.
     fast_norm: bool = False
     # The file was measured with torch 2.4, whose math SDPA (the only kernel for timm's 5-D
-    # attentions: NesT, Twins-SVT's locally grouped attention) ran in fp16 with a plain
-    # softmax; today's upcasts to fp32 and adds _safe_softmax's passes (blink.sdpa
-    # torch24_math_sdpa). Traced the 2.4 way, measured / analytic at batch 1024: nest_tiny
-    # 0.48 -> 0.97, nest_base 0.45 -> 0.93, twins_svt_small 0.79 -> 0.97, _large 0.76 -> 0.89.
+    # attentions: NesT, Twins-SVT's locally grouped attention, Hiera's mask units) ran in fp16
+    # with a plain softmax; today's upcasts to fp32 and adds _safe_softmax's passes
+    # (blink.sdpa torch24_math_sdpa). Traced the 2.4 way, measured / analytic at batch 1024:
+    # nest_tiny 0.48 -> 0.97, nest_base 0.48 -> 0.93, twins_svt_small 0.79 -> 0.97, _large
+    # 0.77 -> 0.89; Hiera 0.85-1.02 -> 1.03-1.18 (something else in it is costed short).
     torch24_math_sdpa: bool = False
 
 
@@ -300,6 +301,7 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
         "timm_version": timm.__version__, "gpu": GPU, "dtype": "amp-fp16",
         "mode": source.trace_mode, "channels_last": source.channels_last,
         "timm_fused_attention": source.fused_attention, "timm_fast_norm": source.fast_norm,
+        "torch24_math_sdpa": source.torch24_math_sdpa,
         "command": "python -m blink.train.timm_cache"
         + ("" if mode == "inference" else f" --mode {mode}")
         + ("" if max_models == DEFAULT_MAX_MODELS else f" --max-models {max_models}"),
