@@ -1,9 +1,9 @@
-"""Blink's square-GEMM rate against public torch.mm measurements on 18 GPUs, roofline beside.
+"""Blink's square-GEMM rate against public torch.mm measurements on 20 GPUs, roofline beside.
 
     .venv/bin/python benchmarks/matmul_published.py        (~2 s)
 
 Published (data/published/torch_mm_tflops.csv, its README says more):
-github.com/zzc0721/torch-performance-test-data (database.md and eight issues, read 2026-12-06), a
+github.com/zzc0721/torch-performance-test-data (database.md and ten issues, read 2026-12-06), a
 community table of torch.mm TFLOP/s: its test.py times 30 back-to-back torch.mm of two n x n
 matrices (n = 1024, 2048, 4096, 8192, 10240) after 6 warm-up calls and reports each dtype's
 best n (2 n^3 FLOP per call). Each row is one contributor's machine (cloud containers and

@@ -36,6 +36,8 @@ REQUIRED_GPUS = [
     "A100-PCIe-80GB",
     "A2",
     "A40",
+    "RTX3060",
+    "RTX5080",
     "B200",
 ]
 
