@@ -959,9 +959,10 @@ def call_fused_sdpa(
         # post_process_flash_output: slice the padded head dim away.
         return out[..., :og_size] if out.size(-1) != og_size else out
     mask = _convert_boolean_attn_mask(attn_mask, query.dtype)
-    if backend == "math" and _TORCH24_MATH.get():
-        return _math_torch24(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa)
     if backend == "math":
+        if _TORCH24_MATH.get():
+            return _math_torch24(query, key, value, mask, dropout_p, is_causal, scale,
+                                 enable_gqa)
         return ops._scaled_dot_product_attention_math(
             query, key, value, mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
         )[0]

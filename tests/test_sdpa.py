@@ -25,11 +25,13 @@ from blink.sdpa import (
     choose_sdpa_backend_for_tensors,
     explain_sdpa_choice,
     target_scaled_dot_product_attention,
+    torch24_math_sdpa,
 )
 
 # The golden file's codes, from the scripts that write it.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "sdpa_oracle"))
 from golden_format import DTYPE_NAMES, SELECTED_CODES, USABLE_BITS  # noqa: E402
+from test_autocast import OpLog  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "data" / "sdpa_oracle_golden.json.gz"
 ALL_ON = {"flash": True, "efficient": True, "cudnn": True, "math": True}
@@ -547,24 +549,9 @@ def test_override_scaled_dot_product_attention():
 # the math backend as torch 2.4 ran it (replaying timm's 2024 measurements)
 
 
-class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
-    """The aten ops that run below it, with their first input's dtype."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[tuple[str, torch.dtype | None]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        self.ops.append((func.overloadpacket.__name__, first.dtype if first is not None else None))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("case", ["plain", "mask", "causal", "negative scale"])
 def test_torch24_math_matches_torch(case):
     """The 2.4 composite computes what torch's own math SDPA computes (float32 on the CPU)."""
-    from blink.sdpa import torch24_math_sdpa
-
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 4, 7, 16, generator=g) for _ in range(3))  # 5-D, as NesT
     mask = torch.randn(7, 7, generator=g) if case == "mask" else None
@@ -580,30 +567,25 @@ def test_torch24_math_matches_torch(case):
 def test_torch24_math_program_on_meta():
     """Inside the context, fp16 math SDPA runs in fp16 with a plain softmax (2.4); outside, the
     installed torch's path (2.5+: float32 upcast and _safe_softmax's extra passes)."""
-    from blink.sdpa import torch24_math_sdpa
-
     q = torch.empty(8, 4, 16, 49, 32, dtype=torch.float16, device="meta")
-    with _OpLog() as old, torch24_math_sdpa():
+    with OpLog() as old, torch24_math_sdpa():
         out = call_fused_sdpa("math", q, q, q, None, 0.0, False, None, False)
     assert out.dtype == torch.float16
-    names = [n for n, _ in old.ops]
-    assert ("_softmax", torch.float16) in old.ops
-    assert not {"_to_copy", "eq", "all", "where"} & set(names)
-    assert names.count("bmm") == 2
-    with _OpLog() as new:
+    assert [dt for name, _, dt in old.ops if name == "aten._softmax"] == [torch.float16]
+    assert not {"aten._to_copy", "aten.eq", "aten.all", "aten.where"} & set(old.names())
+    assert old.names().count("aten.bmm") == 2
+    with OpLog() as new:
         call_fused_sdpa("math", q, q, q, None, 0.0, False, None, False)
-    upcast = any(n == "_to_copy" for n, _ in new.ops)
-    safe = {"eq", "all", "where"} <= {n for n, _ in new.ops}
+    upcast = new.casts() > 0
+    safe = {"aten.eq", "aten.all", "aten.where"} <= set(new.names())
     assert upcast or safe, new.ops
     # the flag is scoped: nested contexts restore it
-    with torch24_math_sdpa(), torch24_math_sdpa(False), _OpLog() as inner:
+    with torch24_math_sdpa(), torch24_math_sdpa(False), OpLog() as inner:
         call_fused_sdpa("math", q, q, q, None, 0.0, False, None, False)
-    assert [n for n, _ in inner.ops] == [n for n, _ in new.ops]
+    assert inner.names() == new.names()
 
 
 def test_torch24_math_rejects_gqa():
-    from blink.sdpa import torch24_math_sdpa
-
     q = torch.empty(1, 4, 8, 16, device="meta")
     kv = torch.empty(1, 2, 8, 16, device="meta")
     with torch24_math_sdpa(), pytest.raises(ConfigError, match="enable_gqa"):
