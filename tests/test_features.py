@@ -443,3 +443,79 @@ def test_permuted_copies_and_elementwise_pay_the_gathering_kernel():
     f = feats("aten::copy_", [(TENSOR, small), t((4, 8, 8), F16, (1, 32, 4)), b(False)],
               [(TENSOR, small)])
     assert not f["permuted"]
+
+
+def _copy_of(x_raw, dtype):
+    """The explicit x.contiguous() a model could write: copy_ into a row-major buffer."""
+    dst = tensor(x_raw[1][0], dtype)
+    return feats("aten::copy_", [(TENSOR, dst), x_raw, b(False)], [(TENSOR, dst)])
+
+
+def test_softmax_and_layer_norm_pay_the_copy_their_cuda_code_makes_of_a_permuted_input():
+    """SoftMax.cu's host_softmax takes input_.contiguous() and layer_norm_cuda
+    input.expect_contiguous() before their kernels: over a permuted view (CaiT's talking-heads
+    softmax, timm's LayerNorm2d over x.permute(0, 2, 3, 1)) the op runs one more kernel, the
+    same gathering copy as an explicit .contiguous(), then the op on the row-major copy."""
+    shape = (32, 8, 196, 196)
+    heads_last = (8 * 196 * 196, 1, 196 * 8, 8)  # (B, N, N, H) stored, viewed as (B, H, N, N)
+    x_perm, x_rows = t(shape, F16, heads_last), t(shape, F16)
+    soft = [i(-1), b(True)]
+    perm = feats("aten::_softmax", [x_perm, *soft], [t(shape, F32)])
+    rows = feats("aten::_softmax", [x_rows, *soft], [t(shape, F32)])
+    copy = _copy_of(x_perm, F16)
+    assert copy["permuted"] and (perm["kernels"], rows["kernels"]) == (2, 1)
+    assert perm["bytes_read"] == rows["bytes_read"]  # the main kernel's own traffic is unchanged
+    assert perm["analytic_time_s"] == pytest.approx(
+        rows["analytic_time_s"] + copy["analytic_time_s"], rel=0.01)
+
+    nchw = (64, 96, 56, 56)
+    as_nhwc = (64, 56, 56, 96)
+    view = (96 * 56 * 56, 56, 1, 56 * 56)  # x.permute(0, 2, 3, 1) of a contiguous NCHW tensor
+    x_perm, x_rows = t(as_nhwc, F32, view), t(as_nhwc, F32)
+    w, bb = t((96,), F32), t((96,), F32)
+    outs = [t(as_nhwc, F32), t((64, 56, 56, 1), F32), t((64, 56, 56, 1), F32)]
+
+    def ln(x):
+        return feats("aten::native_layer_norm", [x, il((96,)), w, bb, d(1e-6)], outs)
+
+    perm, rows, copy = ln(x_perm), ln(x_rows), _copy_of(x_perm, F32)
+    assert tensor(nchw)[0] == nchw and copy["permuted"]
+    assert (perm["kernels"], rows["kernels"]) == (2, 1)
+    assert perm["analytic_time_s"] == pytest.approx(
+        rows["analytic_time_s"] + copy["analytic_time_s"], rel=0.01)
+
+
+def test_backward_softmax_and_layer_norm_copy_each_non_contiguous_operand():
+    """host_softmax_backward makes grad and output contiguous; layer_norm_backward_cuda makes X
+    contiguous and LayerNormBackwardKernelImpl dY. A strided but in-order operand (a slice of
+    rows) is copied by the in-order kernel, not the gathering one."""
+    shape = (64, 8, 128, 128)
+    perm_strides = (8 * 128 * 128, 1, 128 * 8, 8)
+    go_perm, y_perm = t(shape, F16, perm_strides), t(shape, F16, perm_strides)
+    go, y = t(shape, F16), t(shape, F16)
+    back = "aten::_softmax_backward_data"
+    both = feats(back, [go_perm, y_perm, i(-1), i(F16)], [t(shape, F16)])
+    one = feats(back, [go_perm, y, i(-1), i(F16)], [t(shape, F16)])
+    none_ = feats(back, [go, y, i(-1), i(F16)], [t(shape, F16)])
+    assert (both["kernels"], one["kernels"], none_["kernels"]) == (3, 2, 1)
+    copy = _copy_of(go_perm, F16)["analytic_time_s"]
+    assert one["analytic_time_s"] == pytest.approx(none_["analytic_time_s"] + copy, rel=0.01)
+    assert both["analytic_time_s"] == pytest.approx(none_["analytic_time_s"] + 2 * copy, rel=0.01)
+
+    rows, n = 8192, 1024
+    sliced = (2 * n, 1)  # every other row of a (2 * rows, n) tensor: in order, not contiguous
+    x, go_s = t((rows, n), F32, sliced), t((rows, n), F32, sliced)
+    stats = [t((rows, 1), F32), t((rows, 1), F32)]
+    w, bb = t((n,), F32), t((n,), F32)
+    outs = [t((rows, n), F32), t((n,), F32), t((n,), F32)]
+
+    def ln_back(g, xx):
+        return feats("aten::native_layer_norm_backward",
+                     [g, xx, il((n,)), *stats, w, bb, (INT_LIST, [True, True, True])], outs)
+
+    strided, plain = ln_back(go_s, x), ln_back(t((rows, n), F32), t((rows, n), F32))
+    copy = _copy_of(x, F32)
+    assert not copy["permuted"]
+    assert (strided["kernels"], plain["kernels"]) == (4, 2)
+    assert strided["analytic_time_s"] == pytest.approx(
+        plain["analytic_time_s"] + 2 * copy["analytic_time_s"], rel=0.01)

@@ -441,3 +441,72 @@ def test_amp_group_norm_inference_says_where_the_time_goes():
         m = GNNet()
     t = blink.trace_model(m, input_shape=(8, 3, 128, 128), dtype="amp-fp16", mode="train")
     assert not [n for n in predict_trace(t, "H200").notes if "group norm" in n]
+
+
+class _PermutedSoftmaxNorm(torch.nn.Module):
+    """CaiT's talking-heads softmax over attn.permute(0, 3, 1, 2) and timm's LayerNorm2d over
+    x.permute(0, 2, 3, 1); `explicit` writes the .contiguous() the CUDA kernels make."""
+
+    def __init__(self, explicit: bool) -> None:
+        super().__init__()
+        self.explicit = explicit
+        self.norm = torch.nn.LayerNorm(64)
+
+    def forward(self, attn: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = attn.permute(0, 3, 1, 2)
+        y = x.permute(0, 2, 3, 1)
+        if self.explicit:
+            a, y = a.contiguous(), y.contiguous()
+        return a.softmax(dim=-1), self.norm(y)
+
+
+def test_softmax_and_layer_norm_over_permuted_views_cost_the_copy_the_cuda_code_makes():
+    """On meta the softmax and layer norm kernels never run, so the .contiguous() inside their
+    CUDA host code (SoftMax.cu host_softmax, layer_norm_kernel.cu layer_norm_cuda) is not in the
+    trace: the units carry it. A model that writes the copy itself costs the same GPU time."""
+    from blink.cost import trace_features
+
+    with torch.device("meta"):
+        attn = torch.empty(16, 256, 256, 8)
+        x = torch.empty(16, 64, 112, 112)
+    units = {}
+    for explicit in (False, True):
+        with torch.device("meta"):
+            net = _PermutedSoftmaxNorm(explicit)
+        t = blink.trace_model(net, inputs=(attn, x), gpu="H200")
+        units[explicit] = [r for r in trace_features(t, "H200") if r["analytic_time_s"] > 0]
+    soft = [r for r in units[False] if r["kind"] == "softmax"]
+    norm = [r for r in units[False] if r["kind"] == "norm"]
+    assert len(soft) == len(norm) == 1 and soft[0]["kernels"] == norm[0]["kernels"] == 2
+    copies = [r for r in units[True] if r["kind"] == "copy"]
+    assert len(copies) == 2 and all(r["permuted"] for r in copies)
+    assert not any(r["kind"] == "copy" for r in units[False])
+    implicit = sum(r["analytic_time_s"] for r in units[False])
+    written = sum(r["analytic_time_s"] for r in units[True])
+    assert implicit == pytest.approx(written, rel=0.02)
+
+
+class _TalkingHeadsSoftmax(torch.nn.Module):
+    def __init__(self, explicit: bool) -> None:
+        super().__init__()
+        self.explicit = explicit
+
+    def forward(self, attn: torch.Tensor) -> torch.Tensor:
+        a = attn.permute(0, 3, 1, 2)
+        return (a.contiguous() if self.explicit else a).softmax(dim=-1)
+
+
+def test_the_copy_inside_softmax_holds_its_buffer_while_the_kernel_runs():
+    """host_softmax's input.contiguous() allocates a row-major copy that lives until the kernel
+    returns, beside the output: the peak is the one of a model that writes the copy itself
+    (input + copy + output), not input + output."""
+    with torch.device("meta"):
+        attn = torch.empty(8, 512, 512, 16, dtype=torch.float16)
+    peaks = {}
+    for explicit in (False, True):
+        p = blink.predict(_TalkingHeadsSoftmax(explicit), inputs=(attn,), gpu="H200",
+                          predictor="analytic")
+        peaks[explicit] = p.peak_allocated_bytes
+    copy = attn.numel() * attn.element_size()
+    assert peaks[False] == peaks[True]
+    assert peaks[False] >= p.resident_bytes + 2 * copy  # the input's copy and the fp16 output

@@ -476,11 +476,36 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
     }
     return op.kernel && known == 1;
   };
+  // Copies an op's CUDA host code makes of non-contiguous inputs (host_contiguous_inputs) live
+  // from inside the op to its end, after its outputs exist: each is held and released right
+  // after the op's last output allocation (meta ran no such copy, so no record has them).
+  std::unordered_map<size_t, int64_t> host_copy_after;  // alloc record index -> bytes
+  {
+    std::unordered_map<int64_t, size_t> last_out;
+    for (size_t i = 0; i < trace.allocs.size(); ++i) {
+      const AllocRecord& a = trace.allocs[i];
+      if (a.is_free || a.op < 0 || scratch.count(a.storage) || skipped.count(a.storage)) continue;
+      last_out[a.op] = i;
+    }
+    for (const auto& [op_id, at] : last_out) {
+      const OpRecord& op = trace.ops[static_cast<size_t>(op_id)];
+      if (!op.kernel) continue;
+      double bytes = 0.0;
+      for (const TensorInfo* t :
+           host_contiguous_inputs(trace.names[static_cast<size_t>(op.name)], op.inputs)) {
+        double n = static_cast<double>(dtype_itemsize(t->dtype));
+        for (int64_t v : t->sizes) n *= static_cast<double>(v);
+        bytes += n;
+      }
+      if (bytes > 0) host_copy_after[at] = static_cast<int64_t>(bytes);
+    }
+  }
   // The curve: every event's (allocated, reserved), bucketed afterwards.
   std::vector<MemoryPoint> points;
   const bool want_curve = opts.max_curve_points > 0;
   if (want_curve) points.reserve(trace.allocs.size());
-  for (const AllocRecord& a : trace.allocs) {
+  for (size_t i = 0; i < trace.allocs.size(); ++i) {
+    const AllocRecord& a = trace.allocs[i];
     if (!workspace_done && a.op >= 0 && is_gemm(a.op)) {
       if (!on_malloc(workspace_id, opts.workspace_bytes,
                      static_cast<int>(MemoryCategory::kWorkspace))) {
@@ -503,6 +528,18 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
     if (want_curve) {
       const AllocSimStats st = sim.stats();
       points.push_back(MemoryPoint{a.op, phase_of(a.op), st.allocated_bytes, st.reserved_bytes});
+    }
+    auto copy = host_copy_after.find(i);
+    if (copy != host_copy_after.end()) {
+      const int64_t id = next_resident--;
+      if (!on_malloc(id, copy->second, static_cast<int>(MemoryCategory::kTemporaries))) {
+        return failed(a.op, copy->second, false);
+      }
+      if (want_curve) {
+        const AllocSimStats st = sim.stats();
+        points.push_back(MemoryPoint{a.op, phase_of(a.op), st.allocated_bytes, st.reserved_bytes});
+      }
+      on_free(id);
     }
   }
   out.stats = sim.stats();

@@ -100,6 +100,28 @@ bool permuted_access(const TensorInfo& dst, const std::vector<const TensorInfo*>
   return false;
 }
 
+// `t.contiguous()` inside an op's CUDA host code (host_contiguous_inputs): a copy kernel
+// (clone -> copy_, Copy.cu) writes a row-major version that the main kernel then reads.
+// Charged to the unit as one more kernel and its read + write, gathering when t's inner stride
+// crosses the copy's innermost dim.
+void add_hidden_contiguous(const TensorInfo* t, UnitFeatures& f) {
+  TensorInfo dst = *t;
+  int64_t stride = 1;
+  for (size_t i = dst.sizes.size(); i-- > 0;) {
+    dst.strides[i] = stride;
+    stride *= dst.sizes[i];
+  }
+  const double bytes =
+      2.0 * static_cast<double>(numel_of(*t)) * static_cast<double>(dtype_itemsize(t->dtype));
+  if (permuted_access(dst, {t})) {
+    f.hidden_copy_permuted_bytes += bytes;
+  } else {
+    f.hidden_copy_bytes += bytes;
+  }
+  f.hidden_copies += 1;
+  f.kernels += 1;
+}
+
 template <class F>
 void for_each_tensor(const Arg& a, F&& fn) {
   if (a.kind != ArgKind::kTensor && a.kind != ArgKind::kTensorList) return;
@@ -2220,6 +2242,40 @@ bool is_composite_op(const std::string& op_name) {
   return r != nullptr && r->formula == f_composite;
 }
 
+std::vector<const TensorInfo*> host_contiguous_inputs(const std::string& op_name,
+                                                      const std::vector<Arg>& inputs) {
+  // Input positions each op's CUDA implementation makes contiguous before its kernel:
+  //  * SoftMax.cu: host_softmax starts with input_.contiguous(), host_softmax_backward with
+  //    grad_.contiguous() and output_.contiguous() (_softmax_backward_data(grad, output, ...)).
+  //    CaiT's talking-heads softmax runs over attn.permute(0, 3, 1, 2).
+  //  * layer_norm_kernel.cu: layer_norm_cuda takes input.expect_contiguous(),
+  //    layer_norm_backward_cuda input.expect_contiguous() and LayerNormBackwardKernelImpl
+  //    dY.contiguous() (native_layer_norm_backward(grad_out, input, ...)); the fused RMS norm
+  //    entry points share that code. timm's LayerNorm2d normalises x.permute(0, 2, 3, 1) of an
+  //    NCHW tensor; XCiT's tokens are a transposed view through the whole network.
+  static const std::unordered_map<std::string, std::vector<int>> table = {
+      {"aten::_softmax", {0}},
+      {"aten::_log_softmax", {0}},
+      {"aten::_softmax_backward_data", {0, 1}},
+      {"aten::_log_softmax_backward_data", {0, 1}},
+      {"aten::native_layer_norm", {0}},
+      {"aten::_fused_rms_norm", {0}},
+      {"aten::native_layer_norm_backward", {0, 1}},
+      {"aten::_fused_rms_norm_backward", {0, 1}},
+  };
+  std::vector<const TensorInfo*> out;
+  auto it = table.find(op_base_name(op_name));
+  if (it == table.end()) return out;
+  for (int pos : it->second) {
+    const TensorInfo* t = tensor_at(inputs, pos);
+    if (t != nullptr && t->dtype >= 0 && t->strides.size() == t->sizes.size() &&
+        numel_of(*t) > 0 && !row_major_contiguous(*t)) {
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
 UnitFeatures compute_features(const std::string& op_name, const std::vector<Arg>& inputs,
                               const std::vector<Arg>& outputs, const GpuSpec& gpu,
                               const FeatureOptions& opts) {
@@ -2237,6 +2293,7 @@ UnitFeatures compute_features(const std::string& op_name, const std::vector<Arg>
     f.kind = K::kOther;
     tiling = f_generic(c, R(K::kOther, f_generic), f);
   }
+  for (const TensorInfo* t : host_contiguous_inputs(op_name, inputs)) add_hidden_contiguous(t, f);
   f.backward = op_name.find("backward") != std::string::npos;
   if (f.numel == 0) f.numel = largest_numel(outputs);
   if (f.dtype < 0) f.dtype = has_tensor(outputs) ? largest_dtype(outputs) : largest_dtype(inputs);

@@ -113,8 +113,12 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
   memory_s = std::max(memory_s, f.serial_loop_bound_s);
   // Helper kernels of the plan (layout transposes, split-K reduce, Winograd transforms, a
   // convolution's bias add) stream their bytes after the main kernel.
-  const double aux_s = f.aux_bytes > 0 ? kDramLatencyS + f.aux_bytes / (g.mem_bw * g.dram_efficiency)
-                                       : 0.0;
+  const double stream_bw = g.mem_bw * g.dram_efficiency;
+  double aux_s = f.aux_bytes > 0 ? kDramLatencyS + f.aux_bytes / stream_bw : 0.0;
+  // Copies the op's host code makes of non-contiguous inputs (features.h hidden_copy_bytes),
+  // each a kernel that streams after its DRAM round trip.
+  aux_s += static_cast<double>(f.hidden_copies) * kDramLatencyS +
+           (f.hidden_copy_bytes + f.hidden_copy_permuted_bytes * kPermutedCopySlowdown) / stream_bw;
   return std::max(floor_s, std::max(compute_s, memory_s) + aux_s);
 }
 

@@ -205,6 +205,14 @@ struct UnitFeatures {
   // (or written) across its stride along the output's innermost dim, so PyTorch's
   // non-vectorised, gathering kernel runs it (kPermutedCopySlowdown). Not a forest input.
   bool permuted = false;
+  // Copies an op's CUDA host code makes of its non-contiguous inputs before the main kernel
+  // (input.contiguous() / expect_contiguous(), e.g. SoftMax.cu host_softmax,
+  // layer_norm_kernel.cu layer_norm_cuda): a meta trace never dispatches them. Bytes read +
+  // written, in-order and gathering across a permuted stride (kPermutedCopySlowdown), and how
+  // many copies (each one more kernel in `kernels`). Not forest inputs.
+  double hidden_copy_bytes = 0.0;
+  double hidden_copy_permuted_bytes = 0.0;
+  int64_t hidden_copies = 0;
   // A forward softmax / log-softmax over rows of <= 1024 elements: PyTorch's persistent warp
   // softmax (softmax_warp_forward), which streams below the element-wise rate
   // (kWarpSoftmaxSlowdown). Not a forest input.
@@ -235,6 +243,13 @@ inline UnitFeatures features_for(const std::string& op_name, const std::vector<A
 // The op's name without its overload ("aten::add.Tensor" -> "aten::add"), as the rule table,
 // the host dispatch table and the sync list key ops.
 std::string op_base_name(const std::string& op_name);
+
+// The tensor inputs the op's CUDA implementation copies to row-major (input.contiguous() in its
+// host code) before its kernel, because they are not: on meta those copies never run, so the
+// trace lacks them. The unit's features charge them (hidden_copy_bytes) and the memory replay
+// holds each copy's buffer while the op runs.
+std::vector<const TensorInfo*> host_contiguous_inputs(const std::string& op_name,
+                                                      const std::vector<Arg>& inputs);
 
 // Whether the table has a rule for the op (after dropping an overload suffix and, for an
 // in-place op, its trailing underscore). Composite ops have a rule (it throws).
