@@ -502,11 +502,11 @@ def test_the_copy_inside_softmax_holds_its_buffer_while_the_kernel_runs():
     (input + copy + output), not input + output."""
     with torch.device("meta"):
         attn = torch.empty(8, 512, 512, 16, dtype=torch.float16)
-    peaks = {}
-    for explicit in (False, True):
-        p = blink.predict(_TalkingHeadsSoftmax(explicit), inputs=(attn,), gpu="H200",
-                          predictor="analytic")
-        peaks[explicit] = p.peak_allocated_bytes
+    runs = {explicit: blink.predict(_TalkingHeadsSoftmax(explicit), inputs=(attn,), gpu="H200",
+                                    predictor="analytic")
+            for explicit in (False, True)}
     copy = attn.numel() * attn.element_size()
-    assert peaks[False] == peaks[True]
-    assert peaks[False] >= p.resident_bytes + 2 * copy  # the input's copy and the fp16 output
+    implicit = runs[False]
+    assert implicit.peak_allocated_bytes == runs[True].peak_allocated_bytes
+    # the resident input, its copy and the fp16 output
+    assert implicit.peak_allocated_bytes >= implicit.resident_bytes + 2 * copy

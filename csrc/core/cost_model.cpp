@@ -140,6 +140,18 @@ class L2Window {
   std::unordered_map<int64_t, std::pair<double, double>> written_;
 };
 
+// Dense bytes of a tensor (0 for an unknown dtype).
+double tensor_bytes(const TensorInfo& t) {
+  if (t.dtype < 0) return 0.0;
+  double n = 1.0;
+  for (int64_t v : t.sizes) n *= static_cast<double>(v);
+  try {
+    return n * static_cast<double>(dtype_itemsize(t.dtype));
+  } catch (const Error&) {
+    return 0.0;
+  }
+}
+
 }  // namespace
 
 std::string op_full_name(const TraceData& t, const OpRecord& op) {
@@ -493,9 +505,7 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
       double bytes = 0.0;
       for (const TensorInfo* t :
            host_contiguous_inputs(trace.names[static_cast<size_t>(op.name)], op.inputs)) {
-        double n = static_cast<double>(dtype_itemsize(t->dtype));
-        for (int64_t v : t->sizes) n *= static_cast<double>(v);
-        bytes += n;
+        bytes += tensor_bytes(*t);
       }
       if (bytes > 0) host_copy_after[at] = static_cast<int64_t>(bytes);
     }
@@ -685,17 +695,6 @@ bool fusable(const UnitCost& u) {
       return u.error.empty();
     default:
       return false;
-  }
-}
-
-double tensor_bytes(const TensorInfo& t) {
-  if (t.dtype < 0) return 0.0;
-  double n = 1.0;
-  for (int64_t v : t.sizes) n *= static_cast<double>(v);
-  try {
-    return n * static_cast<double>(dtype_itemsize(t.dtype));
-  } catch (const Error&) {
-    return 0.0;
   }
 }
 

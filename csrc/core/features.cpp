@@ -104,16 +104,16 @@ bool permuted_access(const TensorInfo& dst, const std::vector<const TensorInfo*>
 // (clone -> copy_, Copy.cu) writes a row-major version that the main kernel then reads.
 // Charged to the unit as one more kernel and its read + write, gathering when t's inner stride
 // crosses the copy's innermost dim.
-void add_hidden_contiguous(const TensorInfo* t, UnitFeatures& f) {
-  TensorInfo dst = *t;
+void add_hidden_contiguous(const TensorInfo& t, UnitFeatures& f) {
+  TensorInfo dst = t;
   int64_t stride = 1;
   for (size_t i = dst.sizes.size(); i-- > 0;) {
     dst.strides[i] = stride;
     stride *= dst.sizes[i];
   }
   const double bytes =
-      2.0 * static_cast<double>(numel_of(*t)) * static_cast<double>(dtype_itemsize(t->dtype));
-  if (permuted_access(dst, {t})) {
+      2.0 * static_cast<double>(numel_of(t)) * static_cast<double>(dtype_itemsize(t.dtype));
+  if (permuted_access(dst, {&t})) {
     f.hidden_copy_permuted_bytes += bytes;
   } else {
     f.hidden_copy_bytes += bytes;
@@ -2293,7 +2293,7 @@ UnitFeatures compute_features(const std::string& op_name, const std::vector<Arg>
     f.kind = K::kOther;
     tiling = f_generic(c, R(K::kOther, f_generic), f);
   }
-  for (const TensorInfo* t : host_contiguous_inputs(op_name, inputs)) add_hidden_contiguous(t, f);
+  for (const TensorInfo* t : host_contiguous_inputs(op_name, inputs)) add_hidden_contiguous(*t, f);
   f.backward = op_name.find("backward") != std::string::npos;
   if (f.numel == 0) f.numel = largest_numel(outputs);
   if (f.dtype < 0) f.dtype = has_tensor(outputs) ? largest_dtype(outputs) : largest_dtype(inputs);
