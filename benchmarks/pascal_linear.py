@@ -11,25 +11,28 @@ in_features) and by the GEMM's operand + output bytes. nn.Linear rows only where
 ran without a K split (gridDim.z = 1) and Blink's plan does not split either, so neither a
 split count nor a reduce kernel is in the ratio; torch.bmm beside (cublasGemmStridedBatchedEx,
 never split; NeuSight's bmm rows have K <= ~1000, so only the bytes table compares them).
-A finding, not a rule (README, "Where the time model is weakest"). On the P100 and the P4 the
-cublasLt kernels nn.Linear ran (maxwell_sgemm_*_tn, both operands K-contiguous) take
-1.16x / 1.34x the plan at K <= 1024 and 2.5x / 3.0x at K > 16384; by bytes, 1.06x / 1.22x
-under 64 MB and 1.56x / 3.1x over 1 GB, while their torch.bmm (maxwell_sgemm_128x64_nn) at the
-same bytes stays at 0.85-1.07x. On the P100 K separates the slow rows better than size. The
-V100's and A100's nn.Linear stay within 0.88-1.06x, the T4's 1.1-1.27x. The P100 holds its
-boost clock under the power rule, so this is not the P4's power cap. A guess that fits the size
-of it: in a long K loop the CTAs sharing an operand panel drift apart further than the small
-Pascal L2 (4 MB / 2 MB) holds, each re-reads its panels from DRAM as scattered 32 B sectors (one
-per K-contiguous row per K step), and a 64x64 tile's 16 FLOP/B is more than HBM2 or GDDR5 feeds
-at that rate. Pascal is the only architecture that shows it and two of its boards are in the
-data, so Blink does not fit it (one board would fit and the other be the whole check); it is
-most of the P100's and P4's nn.Linear error in `blink evaluate`. Capping the plan's K split on
-sm_6x (at 2-8 ways, or at 1-8 CTAs per SM) does not help (P100 nn.Linear 23.4% -> 22.8-29.5%,
-DeepBench's Pascal GEMMs no better), nor does a GEMM forest given the panel-to-L2 ratio as a
-feature (held-out GEMM MAPE 17.4 -> 17.2%, DeepBench 20.1 -> 21.8%; both tried 2026-12-05).
+On the P100 and the P4 the
+cublasLt kernels nn.Linear ran (maxwell_sgemm_*_tn, both operands K-contiguous) took 1.16x /
+1.34x the plan at K <= 1024 and 2.5x / 3.0x at K > 16384 before the panel rule; by bytes,
+1.06x / 1.22x under 64 MB and 1.56x / 3.1x over 1 GB, while their torch.bmm
+(maxwell_sgemm_128x64_nn) at the same bytes stays at 0.85-1.07x. The V100's and A100's
+nn.Linear stay within 0.88-1.06x, the T4's 1.1-1.27x. The P100 holds its boost clock under the
+power rule, so this is not the P4's power cap. Capping the plan's K split on sm_6x (at 2-8
+ways, or at 1-8 CTAs per SM) does not help (P100 nn.Linear 23.4% -> 22.8-29.5%), nor does a
+GEMM forest given the panel-to-L2 ratio as a feature (held-out GEMM MAPE 17.4 -> 17.2%,
+DeepBench 20.1 -> 21.8%; both tried 2026-12-05).
+
+What does: the slow-down starts where a CTA's operand panels, (tile_m + tile_n) x K x 4 B of
+one split, reach the board's L2 (4 MB on the P100, 2 MB on the P4) and grows about as the
+square root beyond it. The third table shows it and the rule Blink ships for these kernels
+(kPascalLtPanelExponent, csrc/include/blink/kernel_plan.h): each board's MAPE with the rule
+off (the engine given an unbounded L2), at the exponent the *other* board prefers (a grid,
+applied to the rule-off plan, so no re-planning: an approximation of the engine) and with the
+shipped engine. x0 = 1 (the L2 size) is not fitted.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 from collections import defaultdict
@@ -39,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from blink import data_public as dp  # noqa: E402
+from blink.cost import _C, core_gpu_spec  # noqa: E402
 from blink.hardware import get_gpu  # noqa: E402
 from blink.train import data as td  # noqa: E402
 
@@ -106,7 +110,63 @@ def main() -> int:
             "the plan")
     _print(f"{what}, by K", by_k, k_labels)
     _print(f"{what}, by operand + output bytes", by_foot, foot_labels)
+    _panel_rule(root)
     return 0
+
+
+PASCAL = ("P100", "P4")
+EXPONENTS = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+
+
+def _panel_rule(root: Path) -> None:
+    """Held-out check of the L2 panel rule on the two sm_6x boards' nn.Linear kernel times."""
+    floors = td.neusight_floors(td.load_neusight(root, 100000, 0, 0))
+    on: dict[str, object] = {}
+    off: dict[str, object] = {}
+    rows: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)
+    for r in dp.load_family(root / "neusight-train", "linear"):
+        spec = get_gpu(r.gpu)
+        if spec.name not in PASCAL:
+            continue
+        floor = floors.get((spec.name, "linear"), 0.0)
+        if r.latency_s < td.NEUSIGHT_FLOOR_KEEP * floor:
+            continue  # floor-dominated: blink train drops it too
+        if spec.name not in on:
+            on[spec.name] = core_gpu_spec(spec)
+            off[spec.name] = core_gpu_spec(dataclasses.replace(spec, l2_bytes=2**62))
+        m = dp.map_row(r)
+        f_off = _C.features_for(m.op_name, m.inputs, m.outputs, off[spec.name], False, True,
+                                False)
+        f_on = _C.features_for(m.op_name, m.inputs, m.outputs, on[spec.name], False, True,
+                               False)
+        k_split = float(f_off["k"]) / max(1.0, float(f_off["split_k"]))
+        x = (float(f_off["tile_m"]) + float(f_off["tile_n"])) * k_split * 4.0 / spec.l2_bytes
+        rows[spec.name].append((r.latency_s - floor, float(f_off["analytic_time_s"]),
+                                float(f_on["analytic_time_s"]), x))
+
+    def mape(pairs: list[tuple[float, float]]) -> float:
+        return 100.0 * statistics.fmean(abs(p / t - 1.0) for t, p in pairs)
+
+    def at(gpu: str, e: float) -> float:
+        return mape([(t, p * max(1.0, x) ** e) for t, p, _, x in rows[gpu]])
+
+    print("nn.Linear kernel times on the sm_6x boards: MAPE % with the L2 panel rule off, at "
+          "the exponent the other board prefers, and shipped")
+    print(f"shipped kPascalLtPanelExponent = {_C.kPascalLtPanelExponent}; grid "
+          f"{', '.join(str(e) for e in EXPONENTS)}")
+    head = (f"{'held out':10} {'n':>6} {'rule off':>9} {'other board':>12} {'exponent':>9} "
+            f"{'held out':>9} {'own best':>9} {'shipped':>8}")
+    print(head)
+    print("-" * len(head))
+    for gpu in PASCAL:
+        other = next(g for g in PASCAL if g != gpu)
+        e_other = min(EXPONENTS, key=lambda e: at(other, e))
+        e_own = min(EXPONENTS, key=lambda e: at(gpu, e))
+        base = mape([(t, p) for t, p, _, _ in rows[gpu]])
+        shipped = mape([(t, p) for t, _, p, _ in rows[gpu]])
+        print(f"{gpu:10} {len(rows[gpu]):6d} {base:9.1f} {other:>12} {e_other:9.1f} "
+              f"{at(gpu, e_other):9.1f} {e_own:9.1f} {shipped:8.1f}")
+    print()
 
 
 if __name__ == "__main__":

@@ -217,6 +217,7 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
   const double ob = out_bytes(p.dtype);
   best.compute_s = std::numeric_limits<double>::infinity();
   const TileList list = candidate_tiles(p, tc, g.cc_major);
+  const bool lt_panel_rule = !tc && p.cublas && p.cublaslt_epilogue && g.cc_major < 7;
   for (size_t t = 0; t < list.count; ++t) {
     const TileShape& ts = list.tiles[t];
     const double c = static_cast<double>(ts.ctas_per_sm);
@@ -238,11 +239,19 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
       // traffic and reduce kernel are charged below, so a full GPU keeps split = 1).
       const double ks = std::ceil(k / split);
       const double ctas = out_tiles * split;
+      // cuBLASLt's Maxwell-generation SGEMM tiles once their panels outgrow the L2
+      // (kPascalLtPanelExponent).
+      double panel_slowdown = 1.0;
+      if (lt_panel_rule && g.l2_bytes > 0) {
+        const double panel = static_cast<double>(ts.m + ts.n) * ks * ob;
+        panel_slowdown = std::pow(std::max(1.0, panel / g.l2_bytes), kPascalLtPanelExponent);
+      }
       // A wave with j of the c designed CTAs per SM: each shares the SM j ways, and the SM
       // reaches sqrt(j / c) of its rate (fewer warps to hide latency), so a partial last wave
       // costs less than a full one but more than its share of the work.
       auto wave_s = [&](double j) {
-        return (ks * clk_per_k * j / std::sqrt(j / c) + fixed_clk) / (clock * eff);
+        return (ks * clk_per_k * panel_slowdown * j / std::sqrt(j / c) + fixed_clk) /
+               (clock * eff);
       };
       const double full = std::floor(ctas / slots);
       const double rest = ctas - full * slots;

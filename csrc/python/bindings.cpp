@@ -433,6 +433,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // keeps a copy that can go stale.
   m.attr("kSimtGemmBaseEfficiency") = kSimtGemmBaseEfficiency;
   m.attr("kGemmDramEfficiency") = kGemmDramEfficiency;
+  m.attr("kPascalLtPanelExponent") = kPascalLtPanelExponent;
   m.attr("kPermutedCopySlowdown") = kPermutedCopySlowdown;
   m.attr("kWarpSoftmaxSlowdown") = kWarpSoftmaxSlowdown;
   m.attr("kSerialLoopIterationS") = kSerialLoopIterationS;
