@@ -670,12 +670,18 @@ def _conv_layout_library() -> torch.library.Library:
 
     On CUDA, _convolution's cuDNN backends allocate the output in
     cudnn_conv_suggest_memory_format(input, weight) (aten/src/ATen/native/ConvUtils.h):
-    channels-last when the input or the weight is, for 4-D and 5-D convolutions. The meta kernel
-    (torch/_meta_registrations.py meta_conv) leaves it contiguous, so a channels-last network
-    would be traced as NCHW after its first convolution (its backward already follows the
-    format). Registered for meta tensors during a trace only.
+    channels-last when the input's or the weight's suggest_memory_format() is, for 4-D and 5-D
+    convolutions. That reads the stride order, not contiguity (c10's
+    is_channels_last_strides_2d): a channel slice of a channels-last tensor (FocalNet's
+    torch.split of its 1x1 projection, CSP splits in a channels-last network) or a permuted
+    NHWC view counts as channels-last, and Convolution.cpp then runs cuDNN on it, depthwise
+    included (use_cudnn_depthwise). The meta kernel (torch/_meta_registrations.py meta_conv)
+    leaves the output contiguous, so a channels-last network would be traced as NCHW after its
+    first convolution (its backward already follows the format). Registered for meta tensors
+    during a trace only.
     """
     from torch._meta_registrations import meta_conv
+    from torch._prims_common import suggest_memory_format
 
     def conv(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
              stride: list[int], padding: list[int], dilation: list[int], transposed: bool,
@@ -684,7 +690,7 @@ def _conv_layout_library() -> torch.library.Library:
                         output_padding, groups)
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(input.dim())
         def channels_last(t: torch.Tensor) -> bool:
-            return t.is_contiguous(memory_format=fmt) and not t.is_contiguous()
+            return suggest_memory_format(t) == fmt
 
         if fmt is not None and out.numel() > 0 and (channels_last(input)
                                                     or channels_last(weight)):

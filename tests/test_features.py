@@ -521,3 +521,84 @@ def test_backward_softmax_and_layer_norm_copy_each_non_contiguous_operand():
     assert (strided["kernels"], plain["kernels"]) == (4, 2)
     assert strided["analytic_time_s"] == pytest.approx(
         plain["analytic_time_s"] + 2 * copy["analytic_time_s"], rel=0.01)
+
+
+def _nhwc(sizes):
+    n, c, h, w = sizes
+    return (h * w * c, 1, w * c, c)
+
+
+def _conv(x, w, out_shape, dtype=F16, out_strides=None):
+    y = t(out_shape, dtype, out_strides)
+    return feats("aten::convolution",
+                 [x, w, none, il((1, 1)), il((1, 1)), il((1, 1)), b(False), il((0, 0)), i(1)], [y])
+
+
+def test_convolution_copies_operands_not_dense_in_the_format_it_runs_in():
+    """cuDNN's convolution makes input and weight .contiguous(memory_format), channels-last when
+    either suggests it (cudnn_conv_suggest_memory_format): an NCHW activation meeting
+    channels-last weights is copied to NHWC (a gathering copy) and the convolution runs
+    channels-last; a channel slice of an NCHW tensor (CSP / Res2Net splits) is copied in order
+    first. Each copy costs what the explicit copy unit costs."""
+    xs, ws, ys = (32, 64, 56, 56), (64, 64, 3, 3), (32, 64, 56, 56)
+    both_nchw = _conv(t(xs, F16), t(ws, F16), ys)
+    both_nhwc = _conv(t(xs, F16, _nhwc(xs)), t(ws, F16, _nhwc(ws)), ys, out_strides=_nhwc(ys))
+    assert both_nhwc["channels_last"] == 1 and both_nchw["channels_last"] == 0
+    mixed_x = t(xs, F16)
+    mixed = _conv(mixed_x, t(ws, F16, _nhwc(ws)), ys, out_strides=_nhwc(ys))
+    assert mixed["channels_last"] == 1 and mixed["kernels"] == both_nhwc["kernels"] + 1
+    dst = tensor(xs, F16, _nhwc(xs))
+    to_nhwc = feats("aten::copy_", [(TENSOR, dst), mixed_x, b(False)], [(TENSOR, dst)])
+    assert to_nhwc["permuted"]
+    assert mixed["analytic_time_s"] == pytest.approx(
+        both_nhwc["analytic_time_s"] + to_nhwc["analytic_time_s"], rel=0.01)
+
+    sliced_x = t(xs, F16, (128 * 56 * 56, 56 * 56, 56, 1))  # x[:, :64] of a 128-channel tensor
+    sliced = _conv(sliced_x, t(ws, F16), ys)
+    copy = _copy_of(sliced_x, F16)
+    assert not copy["permuted"] and sliced["kernels"] == both_nchw["kernels"] + 1
+    assert sliced["analytic_time_s"] == pytest.approx(
+        both_nchw["analytic_time_s"] + copy["analytic_time_s"], rel=0.01)
+
+
+@pytest.mark.parametrize("x_layout, w_layout", [
+    ("nchw", "nchw"), ("nhwc", "nhwc"), ("nchw", "nhwc"), ("nhwc", "nchw"),
+    ("n111", "nchw"), ("n111", "nhwc"), ("nchw", "k111"), ("nchw", "k111_nhwc"),
+])
+def test_convolution_layout_choice_follows_torch_suggest_memory_format(x_layout, w_layout):
+    """The convolution's format and its copies agree with torch's own suggest_memory_format on
+    each operand (torch._prims_common), including the ambiguous 1x1 filters and N x C x 1 x 1
+    activations, which stay NCHW unless channels-last strides say otherwise."""
+    from torch._prims_common import suggest_memory_format
+
+    def make(layout, c_in, c_out):
+        if layout.startswith("n111"):
+            shape = (16, c_in, 1, 1)
+        elif layout.startswith("k111"):
+            shape = (c_out, c_in, 1, 1)
+        elif layout in ("nchw", "nhwc") and c_out is None:
+            shape = (16, c_in, 28, 28)
+        else:
+            shape = (c_out, c_in, 3, 3)
+        fmt = torch.channels_last if layout.endswith("nhwc") else torch.contiguous_format
+        return torch.empty(shape, device="meta").contiguous(memory_format=fmt)
+
+    x = make(x_layout, 32, None)
+    w = make(w_layout, 32, 48)
+    cl = torch.channels_last in (suggest_memory_format(x), suggest_memory_format(w))
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    copies = sum(not a.is_contiguous(memory_format=fmt) for a in (x, w))
+    kh = w.shape[2]
+    out_hw = x.shape[2] - kh + 1 if kh == 1 else x.shape[2]
+    pad = 0 if kh == 1 else 1
+    y_shape = (x.shape[0], w.shape[0], out_hw, out_hw)
+    y = torch.empty(y_shape, device="meta").contiguous(memory_format=fmt)
+
+    def conv(xx, ww):
+        return feats("aten::convolution",
+                     [t(xx.shape, F32, xx.stride()), t(ww.shape, F32, ww.stride()), none,
+                      il((1, 1)), il((pad, pad)), il((1, 1)), b(False), il((0, 0)), i(1)],
+                     [t(y.shape, F32, y.stride())])
+
+    dense = conv(x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt))
+    assert conv(x, w)["kernels"] == dense["kernels"] + copies

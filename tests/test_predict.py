@@ -261,6 +261,49 @@ def test_channels_last_runs_nhwc_convolutions_without_layout_transposes():
     assert w.is_contiguous() and not w.is_contiguous(memory_format=torch.channels_last)
 
 
+def test_convolutions_of_channels_last_like_views_trace_channels_last():
+    """A channel slice of a channels-last tensor (FocalNet's torch.split of its 1x1 projection)
+    and a permuted NHWC view are not channels-last *contiguous*, but their strides order like
+    it, and CUDA's cudnn_conv_suggest_memory_format (suggest_memory_format) gives their
+    convolutions channels-last outputs. The trace must carry the same layout: the output
+    strides are those of a dense NHWC tensor, and an NCHW input still gives NCHW."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.f = torch.nn.Conv2d(32, 2 * 32 + 4, 1)
+            self.dw = torch.nn.Conv2d(32, 32, 9, padding=4, groups=32, bias=False)
+            self.pw = torch.nn.Conv2d(32, 32, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, ctx, _ = torch.split(self.f(x), [32, 32, 4], 1)  # slices of a CL output
+            nhwc = q.permute(0, 2, 3, 1).contiguous()
+            return self.dw(ctx) + self.pw(nhwc.permute(0, 3, 1, 2))
+
+    with torch.device("meta"):
+        net = Net()
+    n, h, w = 4, 16, 16
+    dense_cl = torch.empty(n, 32, h, w, device="meta").to(memory_format=torch.channels_last)
+    for cl in (True, False):
+        t = blink.trace_model(net, input_shape=(n, 32, h, w), dtype="amp-fp16",
+                              gpu="A100-40GB", channels_last=cl)
+        convs = [o for o in t.ops if o.name == "aten::convolution"]
+        assert len(convs) == 3
+        f_out, dw_in, dw_out, pw_out = (convs[0].tensors("outputs")[0],
+                                        convs[1].tensors("inputs")[0],
+                                        convs[1].tensors("outputs")[0],
+                                        convs[2].tensors("outputs")[0])
+        if cl:
+            assert tuple(f_out.stride) == (68 * h * w, 1, w * 68, 68)
+            assert tuple(dw_in.stride) == (68 * h * w, 1, w * 68, 68)  # the slice, as it is
+            assert tuple(dw_out.stride) == dense_cl.stride()
+        else:
+            assert tuple(dw_out.stride) == (32 * h * w, h * w, w, 1)
+        # the permuted NHWC view is channels-last contiguous in both runs
+        assert tuple(pw_out.stride) == dense_cl.stride()
+
+
 def test_channels_last_needs_an_image_input(capsys):
     with pytest.raises(blink.ConfigError, match="4-D floating input"):
         blink.predict("hf:gpt2", batch_size=1, seq_len=16, channels_last=True)

@@ -488,7 +488,7 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
     }
     return op.kernel && known == 1;
   };
-  // Copies an op's CUDA host code makes of non-contiguous inputs (host_contiguous_inputs) live
+  // Copies an op's CUDA host code makes of inputs not dense in its format (host_copies) live
   // from inside the op to its end, after its outputs exist: each is held and released right
   // after the op's last output allocation (meta ran no such copy, so no record has them).
   std::unordered_map<size_t, int64_t> host_copy_after;  // alloc record index -> bytes
@@ -503,9 +503,8 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
       const OpRecord& op = trace.ops[static_cast<size_t>(op_id)];
       if (!op.kernel) continue;
       double bytes = 0.0;
-      for (const TensorInfo* t :
-           host_contiguous_inputs(trace.names[static_cast<size_t>(op.name)], op.inputs)) {
-        bytes += tensor_bytes(*t);
+      for (const HostCopy& h : host_copies(trace.names[static_cast<size_t>(op.name)], op.inputs)) {
+        bytes += tensor_bytes(*h.src);
       }
       if (bytes > 0) host_copy_after[at] = static_cast<int64_t>(bytes);
     }

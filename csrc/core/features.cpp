@@ -100,20 +100,80 @@ bool permuted_access(const TensorInfo& dst, const std::vector<const TensorInfo*>
   return false;
 }
 
-// `t.contiguous()` inside an op's CUDA host code (host_contiguous_inputs): a copy kernel
-// (clone -> copy_, Copy.cu) writes a row-major version that the main kernel then reads.
-// Charged to the unit as one more kernel and its read + write, gathering when t's inner stride
-// crosses the copy's innermost dim.
-void add_hidden_contiguous(const TensorInfo& t, UnitFeatures& f) {
-  TensorInfo dst = t;
-  int64_t stride = 1;
-  for (size_t i = dst.sizes.size(); i-- > 0;) {
-    dst.strides[i] = stride;
-    stride *= dst.sizes[i];
+// The strides of `t`'s sizes laid out densely in memory-format order: row-major, or NHWC /
+// NDHWC (channels, then the spatial dims innermost-last, then the batch).
+std::vector<int64_t> dense_strides(const TensorInfo& t, bool channels_last) {
+  const size_t nd = t.sizes.size();
+  std::vector<size_t> order(nd);  // innermost first
+  for (size_t i = 0; i < nd; ++i) order[i] = nd - 1 - i;
+  if (channels_last && nd >= 3) {
+    order.clear();
+    order.push_back(1);
+    for (size_t i = nd - 1; i >= 2; --i) order.push_back(i);
+    order.push_back(0);
   }
+  std::vector<int64_t> strides(nd, 1);
+  int64_t stride = 1;
+  for (size_t d : order) {
+    strides[d] = stride;
+    stride *= t.sizes[d];
+  }
+  return strides;
+}
+
+// Whether `t` is dense in that order (size-1 dims' strides do not matter, as in
+// TensorImpl::is_contiguous).
+bool dense_in(const TensorInfo& t, bool channels_last) {
+  if (t.strides.size() != t.sizes.size()) return false;
+  const std::vector<int64_t> want = dense_strides(t, channels_last);
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (t.sizes[i] != 1 && t.strides[i] != want[i]) return false;
+  }
+  return true;
+}
+
+// What suggest_memory_format() says of a 4-D / 5-D tensor: c10's
+// is_channels_last_strides_2d_s4 / _3d_s5 (c10/core/MemoryFormat.h), strides non-decreasing
+// in the order C, W, H, (D), N, with NCHW winning the ambiguous cases (a 1x1 filter, an N111
+// tensor).
+bool suggests_channels_last(const TensorInfo& t) {
+  const size_t nd = t.sizes.size();
+  if ((nd != 4 && nd != 5) || t.strides.size() != nd || t.strides[1] == 0) return false;
+  const std::vector<size_t> order =
+      nd == 4 ? std::vector<size_t>{1, 3, 2, 0} : std::vector<size_t>{1, 4, 3, 2, 0};
+  int64_t min = 0;
+  for (size_t d : order) {
+    if (t.sizes[d] == 0 || t.strides[d] < min) return false;
+    if (d == 0 && min == t.strides[1]) return false;
+    min = t.strides[d];
+    if (t.sizes[d] > 1) min *= t.sizes[d];
+  }
+  return true;
+}
+
+// The memory format a convolution runs in: channels-last when its input or its weight suggests
+// it (cudnn_conv_suggest_memory_format, aten/src/ATen/native/ConvUtils.h; 4-D and 5-D only).
+bool conv_runs_channels_last(const TensorInfo& x, const TensorInfo& w) {
+  return suggests_channels_last(x) || suggests_channels_last(w);
+}
+
+// Whether the convolution's input reaches its kernel as a channels-last copy (host_copies): an
+// activation that is not NHWC-dense meeting a channels-last format. (A one-channel input that
+// already is stays what channels_last() says: both layouts are the same bytes.)
+bool copied_to_channels_last(const TensorInfo& x, const TensorInfo& w) {
+  return conv_runs_channels_last(x, w) && !dense_in(x, true);
+}
+
+// A copy the op's CUDA host code makes (host_copies): a copy kernel (clone -> copy_, Copy.cu)
+// writes `src` densely in the target format and the main kernel reads that. Charged to the
+// unit as one more kernel and its read + write, gathering when src's stride along the copy's
+// innermost dim is neither 1 nor 0 (permuted_access).
+void add_hidden_copy(const TensorInfo& src, bool channels_last, UnitFeatures& f) {
+  TensorInfo dst = src;
+  dst.strides = dense_strides(src, channels_last);
   const double bytes =
-      2.0 * static_cast<double>(numel_of(t)) * static_cast<double>(dtype_itemsize(t.dtype));
-  if (permuted_access(dst, {&t})) {
+      2.0 * static_cast<double>(numel_of(src)) * static_cast<double>(dtype_itemsize(src.dtype));
+  if (permuted_access(dst, {&src})) {
     f.hidden_copy_permuted_bytes += bytes;
   } else {
     f.hidden_copy_bytes += bytes;
@@ -570,7 +630,8 @@ Tiling f_conv(const Ctx& c, const Rule& r, UnitFeatures& f) {
   f.flops = flops;
   f.bytes_read = read_bytes(c);
   count_writes(c, f, -1);
-  f.channels_last = channels_last(x);
+  // An NCHW input meeting channels-last weights runs channels-last after its copy (host_copies).
+  f.channels_last = channels_last(x) || copied_to_channels_last(x, w);
   if (r.p0 == 0 && tensor_at(c.in, 2) != nullptr) {
     // _convolution adds the bias after the cuDNN call (output.add_(reshape_bias(...)),
     // Convolution.cpp): one more element-wise kernel reading and writing the output.
@@ -602,7 +663,7 @@ Tiling f_conv_backward(const Ctx& c, const Rule&, UnitFeatures& f) {
                  (mask[2] ? gob : 0.0);
   count_writes(c, f, -1);
   f.kernels = std::max(1, passes + static_cast<int>(mask[2] != 0));
-  f.channels_last = channels_last(x);
+  f.channels_last = channels_last(x) || copied_to_channels_last(x, w);
   return conv_tiling((mask[0] ? 2 : 0) | (mask[1] ? 4 : 0));
 }
 
@@ -2242,8 +2303,7 @@ bool is_composite_op(const std::string& op_name) {
   return r != nullptr && r->formula == f_composite;
 }
 
-std::vector<const TensorInfo*> host_contiguous_inputs(const std::string& op_name,
-                                                      const std::vector<Arg>& inputs) {
+std::vector<HostCopy> host_copies(const std::string& op_name, const std::vector<Arg>& inputs) {
   // Input positions each op's CUDA implementation makes contiguous before its kernel:
   //  * SoftMax.cu: host_softmax starts with input_.contiguous(), host_softmax_backward with
   //    grad_.contiguous() and output_.contiguous() (_softmax_backward_data(grad, output, ...)).
@@ -2253,6 +2313,12 @@ std::vector<const TensorInfo*> host_contiguous_inputs(const std::string& op_name
   //    dY.contiguous() (native_layer_norm_backward(grad_out, input, ...)); the fused RMS norm
   //    entry points share that code. timm's LayerNorm2d normalises x.permute(0, 2, 3, 1) of an
   //    NCHW tensor; XCiT's tokens are a transposed view through the whole network.
+  //  * Convolutions: cuDNN's (ConvShared.cpp, Conv_v8.cpp: input.contiguous(memory_format),
+  //    weight and grad_output likewise) and the native depthwise kernels make their operands
+  //    dense in the format the convolution runs in (conv_runs_channels_last): a channel slice
+  //    (CSP and Res2Net splits), or an NCHW activation meeting channels-last weights (the
+  //    reshapes inside ResNeSt's split attention of a channels-last model) is copied first.
+  //    Positions of the input and weight, and of grad_output for the backward.
   static const std::unordered_map<std::string, std::vector<int>> table = {
       {"aten::_softmax", {0}},
       {"aten::_log_softmax", {0}},
@@ -2262,15 +2328,26 @@ std::vector<const TensorInfo*> host_contiguous_inputs(const std::string& op_name
       {"aten::_fused_rms_norm", {0}},
       {"aten::native_layer_norm_backward", {0, 1}},
       {"aten::_fused_rms_norm_backward", {0, 1}},
+      {"aten::convolution", {0, 1}},
+      {"aten::_convolution", {0, 1}},
+      {"aten::cudnn_convolution", {0, 1}},
+      {"aten::cudnn_convolution_transpose", {0, 1}},
+      {"aten::convolution_backward", {1, 2, 0}},
   };
-  std::vector<const TensorInfo*> out;
+  std::vector<HostCopy> out;
   auto it = table.find(op_base_name(op_name));
   if (it == table.end()) return out;
+  bool channels_last = false;
+  if (it->first.find("conv") != std::string::npos) {
+    const TensorInfo* x = tensor_at(inputs, it->second[0]);
+    const TensorInfo* w = tensor_at(inputs, it->second[1]);
+    channels_last = x != nullptr && w != nullptr && conv_runs_channels_last(*x, *w);
+  }
   for (int pos : it->second) {
     const TensorInfo* t = tensor_at(inputs, pos);
     if (t != nullptr && t->dtype >= 0 && t->strides.size() == t->sizes.size() &&
-        numel_of(*t) > 0 && !row_major_contiguous(*t)) {
-      out.push_back(t);
+        numel_of(*t) > 0 && !dense_in(*t, channels_last)) {
+      out.push_back(HostCopy{t, channels_last});
     }
   }
   return out;
@@ -2293,7 +2370,7 @@ UnitFeatures compute_features(const std::string& op_name, const std::vector<Arg>
     f.kind = K::kOther;
     tiling = f_generic(c, R(K::kOther, f_generic), f);
   }
-  for (const TensorInfo* t : host_contiguous_inputs(op_name, inputs)) add_hidden_contiguous(*t, f);
+  for (const HostCopy& h : host_copies(op_name, inputs)) add_hidden_copy(*h.src, h.channels_last, f);
   f.backward = op_name.find("backward") != std::string::npos;
   if (f.numel == 0) f.numel = largest_numel(outputs);
   if (f.dtype < 0) f.dtype = has_tensor(outputs) ? largest_dtype(outputs) : largest_dtype(inputs);

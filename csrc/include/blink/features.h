@@ -244,12 +244,15 @@ inline UnitFeatures features_for(const std::string& op_name, const std::vector<A
 // the host dispatch table and the sync list key ops.
 std::string op_base_name(const std::string& op_name);
 
-// The tensor inputs the op's CUDA implementation copies to row-major (input.contiguous() in its
-// host code) before its kernel, because they are not: on meta those copies never run, so the
-// trace lacks them. The unit's features charge them (hidden_copy_bytes) and the memory replay
-// holds each copy's buffer while the op runs.
-std::vector<const TensorInfo*> host_contiguous_inputs(const std::string& op_name,
-                                                      const std::vector<Arg>& inputs);
+// A tensor input the op's CUDA implementation copies densely (input.contiguous(format) in its
+// host code) before its kernel, because it is not dense in that format: on meta those copies
+// never run, so the trace lacks them. The unit's features charge them (hidden_copy_bytes) and
+// the memory replay holds each copy's buffer while the op runs.
+struct HostCopy {
+  const TensorInfo* src = nullptr;
+  bool channels_last = false;  // the copy's layout: NHWC / NDHWC, else row-major
+};
+std::vector<HostCopy> host_copies(const std::string& op_name, const std::vector<Arg>& inputs);
 
 // Whether the table has a rule for the op (after dropping an overload suffix and, for an
 // in-place op, its trailing underscore). Composite ops have a rule (it throws).
