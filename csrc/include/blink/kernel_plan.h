@@ -86,20 +86,6 @@ inline constexpr double kGemmDramEfficiency = 0.55;
 // cuBLAS splits K only while each split keeps at least this much K (fewer steps than the
 // pipeline depth would not amortise the prologue), and at most 16 ways.
 inline constexpr double kSplitKMinK = 128.0;
-// cuBLASLt's SGEMM kernels on sm_5x / sm_6x (the maxwell_sgemm_*_tn tiles nn.Linear's bias
-// epilogue runs there, gemm_cost.cpp) slow down once a CTA's operand panels, (tile_m + tile_n)
-// x K rows of one split, outgrow the L2: the main loop takes sqrt(panel / L2) times longer
-// beyond that point (x0 = 1 is the L2 size, not fitted; the exponent is). A guess at why: the
-// CTAs that share a panel drift apart over a long K loop and re-read it from DRAM as
-// scattered 32 B sectors (both operands are K-contiguous). Only these kernels show it: the
-// same boards' torch.bmm (maxwell_sgemm_128x64_nn) and DeepBench's plain cublasSgemm on four
-// Pascal boards stay flat at the same panel / L2, as do the Volta, Turing and Ampere kernels
-// up to 16x their L2. Data: the public NeuSight nn.Linear rows of the P100 and the P4 (the
-// only sm_6x boards there), one held out at a time (benchmarks/pascal_linear.py): the
-// exponent with the lowest MAPE on the P100 alone is 0.6, on the P4 alone 0.4 (a 0.1 grid);
-// held-out nn.Linear kernel MAPE P100 23.4 -> 20.5% (at the P4's 0.4), P4 40.2 -> 38.4% (at
-// the P100's 0.6). Shipped: 0.5, between them (20.2% and 36.2%, both boards fitted).
-inline constexpr double kPascalLtPanelExponent = 0.5;
 inline constexpr int kSplitKMax = 16;
 // ... and only while the output tiles would leave SMs idle: cuBLAS splits K to fill the GPU, not
 // to even out the last of several waves. Read off the grids of the public NeuSight nn.Linear
@@ -117,6 +103,20 @@ inline constexpr double kSplitKMaxTilesPerSmSm80 = 1.5;
 inline double split_k_max_tiles_per_sm(int cc_major) {
   return cc_major >= 8 ? kSplitKMaxTilesPerSmSm80 : kSplitKMaxTilesPerSm;
 }
+// cuBLASLt's SGEMM kernels on sm_5x / sm_6x (the maxwell_sgemm_*_tn tiles nn.Linear's bias
+// epilogue runs there, gemm_cost.cpp) slow down once a CTA's operand panels, (tile_m + tile_n)
+// x K rows of one split, outgrow the L2: the main loop takes sqrt(panel / L2) times longer
+// beyond that point (x0 = 1 is the L2 size, not fitted; the exponent is). A guess at why: the
+// CTAs that share a panel drift apart over a long K loop and re-read it from DRAM as
+// scattered 32 B sectors (both operands are K-contiguous). Only these kernels show it: the
+// same boards' torch.bmm (maxwell_sgemm_128x64_nn) and DeepBench's plain cublasSgemm on four
+// Pascal boards stay flat at the same panel / L2, as do the Volta, Turing and Ampere kernels
+// up to 16x their L2. Data: the public NeuSight nn.Linear rows of the P100 and the P4 (the
+// only sm_6x boards there), one held out at a time (benchmarks/pascal_linear.py): the
+// exponent with the lowest MAPE on the P100 alone is 0.6, on the P4 alone 0.4 (a 0.1 grid);
+// held-out nn.Linear kernel MAPE P100 23.4 -> 20.5% (at the P4's 0.4), P4 40.2 -> 38.4% (at
+// the P100's 0.6). Shipped: 0.5, between them (20.2% and 36.2%, both boards fitted).
+inline constexpr double kPascalLtPanelExponent = 0.5;
 // cuDNN's weight-gradient kernels reduce over N * output spatial (the implicit GEMM's K, often
 // 10^5-10^6) and parallelise that reduction across many CTAs (CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0
 // / _1 accumulate partial filters), far beyond cuBLAS's split-K.
