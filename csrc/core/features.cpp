@@ -56,17 +56,6 @@ double tensor_bytes(const TensorInfo& t) {
   return static_cast<double>(stored_elements(t)) * static_cast<double>(dtype_itemsize(t.dtype));
 }
 
-// Row-major dense: strides are the running products of the sizes (size-1 dims ignored).
-bool row_major_contiguous(const TensorInfo& t) {
-  if (t.strides.size() != t.sizes.size()) return false;
-  int64_t expected = 1;
-  for (size_t i = t.sizes.size(); i-- > 0;) {
-    if (t.sizes[i] != 1 && t.strides[i] != expected) return false;
-    expected *= t.sizes[i];
-  }
-  return true;
-}
-
 // The same view of the same storage. Tensors without a storage id (symbolic) never match.
 bool same_tensor(const TensorInfo& a, const TensorInfo& b) {
   return a.storage != 0 && a.storage == b.storage && a.storage_offset == b.storage_offset &&
@@ -1227,7 +1216,7 @@ Tiling f_upsample_bilinear_backward(const Ctx& c, const Rule& r, UnitFeatures& f
   // grad_output_.contiguous(memory_format) first: a copy kernel unless it already is (a sum
   // loss's gradient is one value broadcast, stored once).
   const double go_full = static_cast<double>(numel_of(go)) * dtype_itemsize(go.dtype);
-  if (!f.channels_last && !row_major_contiguous(go)) {
+  if (!f.channels_last && !dense_in(go, false)) {
     f.bytes_read += go_full;  // the main kernel reads the copy
     f.bytes_written += go_full;
     f.kernels += 1;
@@ -2319,31 +2308,36 @@ std::vector<HostCopy> host_copies(const std::string& op_name, const std::vector<
   //    (CSP and Res2Net splits), or an NCHW activation meeting channels-last weights (the
   //    reshapes inside ResNeSt's split attention of a channels-last model) is copied first.
   //    Positions of the input and weight, and of grad_output for the backward.
-  static const std::unordered_map<std::string, std::vector<int>> table = {
-      {"aten::_softmax", {0}},
-      {"aten::_log_softmax", {0}},
-      {"aten::_softmax_backward_data", {0, 1}},
-      {"aten::_log_softmax_backward_data", {0, 1}},
-      {"aten::native_layer_norm", {0}},
-      {"aten::_fused_rms_norm", {0}},
-      {"aten::native_layer_norm_backward", {0, 1}},
-      {"aten::_fused_rms_norm_backward", {0, 1}},
-      {"aten::convolution", {0, 1}},
-      {"aten::_convolution", {0, 1}},
-      {"aten::cudnn_convolution", {0, 1}},
-      {"aten::cudnn_convolution_transpose", {0, 1}},
-      {"aten::convolution_backward", {1, 2, 0}},
+  struct Entry {
+    std::vector<int> positions;
+    bool conv;  // the convolution's format (input, weight first); else row-major
+  };
+  static const std::unordered_map<std::string, Entry> table = {
+      {"aten::_softmax", {{0}, false}},
+      {"aten::_log_softmax", {{0}, false}},
+      {"aten::_softmax_backward_data", {{0, 1}, false}},
+      {"aten::_log_softmax_backward_data", {{0, 1}, false}},
+      {"aten::native_layer_norm", {{0}, false}},
+      {"aten::_fused_rms_norm", {{0}, false}},
+      {"aten::native_layer_norm_backward", {{0, 1}, false}},
+      {"aten::_fused_rms_norm_backward", {{0, 1}, false}},
+      {"aten::convolution", {{0, 1}, true}},
+      {"aten::_convolution", {{0, 1}, true}},
+      {"aten::cudnn_convolution", {{0, 1}, true}},
+      {"aten::cudnn_convolution_transpose", {{0, 1}, true}},
+      {"aten::convolution_backward", {{1, 2, 0}, true}},
   };
   std::vector<HostCopy> out;
   auto it = table.find(op_base_name(op_name));
   if (it == table.end()) return out;
+  const Entry& e = it->second;
   bool channels_last = false;
-  if (it->first.find("conv") != std::string::npos) {
-    const TensorInfo* x = tensor_at(inputs, it->second[0]);
-    const TensorInfo* w = tensor_at(inputs, it->second[1]);
+  if (e.conv) {
+    const TensorInfo* x = tensor_at(inputs, e.positions[0]);
+    const TensorInfo* w = tensor_at(inputs, e.positions[1]);
     channels_last = x != nullptr && w != nullptr && conv_runs_channels_last(*x, *w);
   }
-  for (int pos : it->second) {
+  for (int pos : e.positions) {
     const TensorInfo* t = tensor_at(inputs, pos);
     if (t != nullptr && t->dtype >= 0 && t->strides.size() == t->sizes.size() &&
         numel_of(*t) > 0 && !dense_in(*t, channels_last)) {
@@ -2370,7 +2364,9 @@ UnitFeatures compute_features(const std::string& op_name, const std::vector<Arg>
     f.kind = K::kOther;
     tiling = f_generic(c, R(K::kOther, f_generic), f);
   }
-  for (const HostCopy& h : host_copies(op_name, inputs)) add_hidden_copy(*h.src, h.channels_last, f);
+  for (const HostCopy& h : host_copies(op_name, inputs)) {
+    add_hidden_copy(*h.src, h.channels_last, f);
+  }
   f.backward = op_name.find("backward") != std::string::npos;
   if (f.numel == 0) f.numel = largest_numel(outputs);
   if (f.dtype < 0) f.dtype = has_tensor(outputs) ? largest_dtype(outputs) : largest_dtype(inputs);

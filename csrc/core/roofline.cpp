@@ -115,7 +115,7 @@ double analytic_time_s(const UnitFeatures& f, const GpuSpec& g) {
   // convolution's bias add) stream their bytes after the main kernel.
   const double stream_bw = g.mem_bw * g.dram_efficiency;
   double aux_s = f.aux_bytes > 0 ? kDramLatencyS + f.aux_bytes / stream_bw : 0.0;
-  // Copies the op's host code makes of non-contiguous inputs (features.h hidden_copy_bytes),
+  // Copies the op's host code makes of inputs not dense in its format (hidden_copy_bytes),
   // each a kernel that streams after its DRAM round trip.
   aux_s += static_cast<double>(f.hidden_copies) * kDramLatencyS +
            (f.hidden_copy_bytes + f.hidden_copy_permuted_bytes * kPermutedCopySlowdown) / stream_bw;

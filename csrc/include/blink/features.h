@@ -205,9 +205,10 @@ struct UnitFeatures {
   // (or written) across its stride along the output's innermost dim, so PyTorch's
   // non-vectorised, gathering kernel runs it (kPermutedCopySlowdown). Not a forest input.
   bool permuted = false;
-  // Copies an op's CUDA host code makes of its non-contiguous inputs before the main kernel
-  // (input.contiguous() / expect_contiguous(), e.g. SoftMax.cu host_softmax,
-  // layer_norm_kernel.cu layer_norm_cuda): a meta trace never dispatches them. Bytes read +
+  // Copies an op's CUDA host code makes of inputs not dense in its format before the main
+  // kernel (host_copies: input.contiguous() / expect_contiguous() in SoftMax.cu host_softmax and
+  // layer_norm_kernel.cu layer_norm_cuda, input.contiguous(memory_format) in cuDNN's
+  // convolutions): a meta trace never dispatches them. Bytes read +
   // written, in-order and gathering across a permuted stride (kPermutedCopySlowdown), and how
   // many copies (each one more kernel in `kernels`). Not forest inputs.
   double hidden_copy_bytes = 0.0;
