@@ -217,7 +217,8 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
   const double ob = out_bytes(p.dtype);
   best.compute_s = std::numeric_limits<double>::infinity();
   const TileList list = candidate_tiles(p, tc, g.cc_major);
-  const bool lt_panel_rule = !tc && p.cublas && p.cublaslt_epilogue && g.cc_major < 7;
+  // cuBLASLt's Maxwell-generation *_tn SGEMM tiles (kPascalLtTileRate, kPascalLtPanelExponent).
+  const bool pascal_lt_tn = !tc && p.cublas && p.cublaslt_epilogue && g.cc_major < 7;
   for (size_t t = 0; t < list.count; ++t) {
     const TileShape& ts = list.tiles[t];
     const double c = static_cast<double>(ts.ctas_per_sm);
@@ -229,7 +230,8 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
     const double clk_per_k = 2.0 * static_cast<double>(ts.m * ts.n) / peak_sm_clk;
     const double fixed_clk =
         kCtaPrologueClocks + static_cast<double>(ts.m * ts.n) * ob / kEpilogueBytesPerClock / c;
-    const double eff = base * std::min(1.0, ts.efficiency * relief.tile);
+    const double eff = base * std::min(1.0, ts.efficiency * relief.tile) *
+                       (pascal_lt_tn ? kPascalLtTileRate : 1.0);
     int max_split = static_cast<int>(std::min<double>(
         p.max_split, std::max(1.0, std::floor(k / kSplitKMinK))));
     // cuBLAS splits K only for a grid of output tiles too small for the GPU (kernel_plan.h).
@@ -242,7 +244,7 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
       // cuBLASLt's Maxwell-generation SGEMM tiles once their panels outgrow the L2
       // (kPascalLtPanelExponent).
       double panel_slowdown = 1.0;
-      if (lt_panel_rule && g.l2_bytes > 0) {
+      if (pascal_lt_tn && g.l2_bytes > 0) {
         const double panel = static_cast<double>(ts.m + ts.n) * ks * ob;
         panel_slowdown = std::pow(std::max(1.0, panel / g.l2_bytes), kPascalLtPanelExponent);
       }

@@ -434,6 +434,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("kSimtGemmBaseEfficiency") = kSimtGemmBaseEfficiency;
   m.attr("kGemmDramEfficiency") = kGemmDramEfficiency;
   m.attr("kPascalLtPanelExponent") = kPascalLtPanelExponent;
+  m.attr("kPascalLtTileRate") = kPascalLtTileRate;
   m.attr("kPermutedCopySlowdown") = kPermutedCopySlowdown;
   m.attr("kWarpSoftmaxSlowdown") = kWarpSoftmaxSlowdown;
   m.attr("kSerialLoopIterationS") = kSerialLoopIterationS;

@@ -115,8 +115,19 @@ inline double split_k_max_tiles_per_sm(int cc_major) {
 // only sm_6x boards there), one held out at a time (benchmarks/pascal_linear.py): the
 // exponent with the lowest MAPE on the P100 alone is 0.6, on the P4 alone 0.4 (a 0.1 grid);
 // held-out nn.Linear kernel MAPE P100 23.4 -> 20.5% (at the P4's 0.4), P4 40.2 -> 38.4% (at
-// the P100's 0.6). Shipped: 0.5, between them (20.2% and 36.2%, both boards fitted).
+// the P100's 0.6). Shipped: 0.5, between them (20.2% and 36.2%, both boards fitted). With
+// kPascalLtTileRate (below) the P100 prefers 0.5 and the P4 0.4: held out P100 20.0 -> 17.3%,
+// P4 35.3 -> 33.9%; shipped 17.4% and 32.9%.
 inline constexpr double kPascalLtPanelExponent = 0.5;
+// ... and those kernels' main loops run at this share of the tile table's rate at any K. On the
+// same two boards torch.bmm's maxwell_sgemm_128x64_nn and DeepBench's plain cublasSgemm tiles
+// reach the table's rate (P100 median measured / analytic 0.96 and 0.91), while the *_tn tiles
+// nn.Linear runs (both operands K-contiguous) took 1.16x / 1.34x the plan at K <= 1024, where
+// no panel outgrows the L2. Fitted on one board, checked on the other over a grid of 0.75-1
+// (benchmarks/pascal_linear.py, fourth table): the P100 alone prefers 0.875, the P4 alone 0.8;
+// held-out nn.Linear kernel MAPE P100 20.4 -> 19.4% (at the P4's 0.8), P4 36.7 -> 33.3% (at the
+// P100's 0.875). Shipped: 0.85, between them (17.4% and 32.9%, both boards fitted).
+inline constexpr double kPascalLtTileRate = 0.85;
 // cuDNN's weight-gradient kernels reduce over N * output spatial (the implicit GEMM's K, often
 // 10^5-10^6) and parallelise that reduction across many CTAs (CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0
 // / _1 accumulate partial filters), far beyond cuBLAS's split-K.
