@@ -56,6 +56,16 @@ struct Geometry {
 
 enum Pass { kFwd = 0, kDgrad = 1, kWgrad = 2 };
 
+// cuDNN's backward kernels against its forward ones (kConvWgradEfficiency,
+// kConvStridedDgradEfficiency): a weight gradient, and a data gradient of a strided
+// convolution (cudnnConvolutionBackwardData, which a transposed convolution's forward runs too).
+double conv_pass_efficiency(Pass pass, const UnitFeatures& f) {
+  if (pass == kWgrad) return kConvWgradEfficiency;
+  const bool data_grad = (pass == kDgrad) != f.transposed;
+  if (data_grad && f.stride_h * f.stride_w > 1) return kConvStridedDgradEfficiency;
+  return 1.0;
+}
+
 // The implicit GEMM of a pass (per group), channels padded for tensor cores.
 GemmProblem implicit_gemm(const Geometry& s, Pass pass, MathMode mode, int dtype,
                           double flops_one, const UnitFeatures& f) {
@@ -81,7 +91,7 @@ GemmProblem implicit_gemm(const Geometry& s, Pass pass, MathMode mode, int dtype
   p.mode = mode;
   p.dtype = dtype;
   p.batch = s.g;
-  p.efficiency_scale = kConvVsGemmEfficiency;
+  p.efficiency_scale = kConvVsGemmEfficiency * conv_pass_efficiency(pass, f);
   p.gemv_max_dim = kConvGemvMaxDim;
   p.conv_fprop = fprop;
   // K of the GEMM from the pass's FLOPs (exact for a convolution; a transposed convolution

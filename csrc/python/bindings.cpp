@@ -435,6 +435,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("kGemmDramEfficiency") = kGemmDramEfficiency;
   m.attr("kPascalLtPanelExponent") = kPascalLtPanelExponent;
   m.attr("kPascalLtTileRate") = kPascalLtTileRate;
+  m.attr("kConvWgradEfficiency") = kConvWgradEfficiency;
+  m.attr("kConvStridedDgradEfficiency") = kConvStridedDgradEfficiency;
   m.attr("kPermutedCopySlowdown") = kPermutedCopySlowdown;
   m.attr("kWarpSoftmaxSlowdown") = kWarpSoftmaxSlowdown;
   m.attr("kSerialLoopIterationS") = kSerialLoopIterationS;

@@ -150,6 +150,23 @@ inline constexpr double kGemvSplitMinK = 4096.0;
 // cuDNN implicit-GEMM convolutions relative to a GEMM of the same implicit shape: im2col
 // address arithmetic and filter-shape-dependent tiles cost ~15%.
 inline constexpr double kConvVsGemmEfficiency = 0.85;
+// cuDNN's backward kernels against its forward ones, on top of that (conv_cost.cpp,
+// conv_pass_efficiency). The public DeepBench convolutions (shared/data/public/deepbench,
+// cuDNN 7.6, fp32 on six boards and fp16 tensor cores on two) ran forward at 1.03x of the plan
+// at the median and stride-1 data gradients at 1.04x, but weight gradients at 1.34x and data
+// gradients of stride-2 convolutions at 2.4x (cudnnConvolutionBackwardData over the input grid,
+// whose pixels a strided filter reaches unevenly), on every board and in both precisions.
+// Held out one GPU chip at a time (benchmarks/conv_backward.py; engine rebuilt per rate over
+// 1, 0.85, 0.75, 0.7, 0.65, 0.6 for weight gradients and 1, 0.7, 0.55, 0.5, 0.45, 0.4 for
+// strided data gradients): the other chips pick 0.85 for every held-out chip (weight-gradient
+// MAPE 35.2 -> 34.5%; the V100 and P100 lose 2 points, the Pascal GeForce boards and the T4
+// gain 1.3-3.5) and 0.45-0.55 (strided data-gradient MAPE 54.0 -> 40.2%). The check no
+// DeepBench row enters: the RTX 3090's timm training steps (torch 1.12, cuDNN 8.3, AMP),
+// analytic MAPE 10.1 -> 9.2%, median measured / analytic 1.099 -> 1.084. A transposed
+// convolution's forward is cuDNN's data-gradient kernel and takes the strided rate too (no
+// public row times one); strides above 2 are not in the data.
+inline constexpr double kConvWgradEfficiency = 0.85;
+inline constexpr double kConvStridedDgradEfficiency = 0.5;
 // cuDNN's CUDA-core (FP32 SIMT) convolution kernels draw this fraction of SGEMM's board power
 // per FLOP/s (their issue slots go to im2col address math and shared-memory staging, not FMAs),
 // so a power-capped board holds a higher clock under them: min(1, FP32 ratio / this). Fitted on
