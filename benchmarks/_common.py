@@ -1,9 +1,10 @@
-"""What the speed benchmarks share: the benchmark models and a median timer."""
+"""What the benchmarks share: the speed benchmarks' models and median timer, and the MAPE of
+(measured, predicted) pairs the accuracy ones print."""
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 # The foundation issue's benchmark cases: model, trace_model/prepare keyword arguments.
 CASES = [
@@ -20,3 +21,8 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def mape_pct(pairs: Iterable[tuple[float, float]]) -> float:
+    """Mean absolute percentage error of (measured, predicted) pairs, in %."""
+    return 100.0 * statistics.fmean(abs(p / t - 1.0) for t, p in pairs)

@@ -24,6 +24,8 @@ analytic 1.099; `python -m blink.train.timm_cache --mode train` rebuilds that ca
 """
 from __future__ import annotations
 
+import csv
+import gzip
 import statistics
 import sys
 from collections import defaultdict
@@ -31,6 +33,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _common import mape_pct as _mape  # noqa: E402
 
 from blink.cost import _C  # noqa: E402
 from blink.hardware import get_gpu  # noqa: E402
@@ -47,10 +51,6 @@ def _pass(family: str, stride: int) -> str:
     return {"conv_fwd": "forward", "conv_bwd_filter": "wgrad"}[family]
 
 
-def _mape(pairs: list[tuple[float, float]]) -> float:
-    return 100.0 * statistics.fmean(abs(p / t - 1.0) for t, p in pairs)
-
-
 def main() -> int:
     try:
         root = td.public_root()
@@ -59,7 +59,7 @@ def main() -> int:
         return 1
     shipped = {"dgrad, strided": float(_C.kConvStridedDgradEfficiency),
                "wgrad": float(_C.kConvWgradEfficiency)}
-    rows: dict[str, list[tuple[str, float, float, bool]]] = defaultdict(list)
+    rows: dict[str, list[tuple[str, float, float, float]]] = defaultdict(list)
     for r in td.load_units(root, neusight_rows_per_file=1, neusight_mixed_rows=1):
         if r.kind != "conv" or r.dataset != "deepbench":
             continue
@@ -117,9 +117,6 @@ def main() -> int:
         print()
     cache = REPO / "data" / "derived" / timm_cache.TRAIN_CACHE_NAME
     if cache.is_file():
-        import csv
-        import gzip
-
         with gzip.open(cache, "rt", newline="") as fh:
             pairs = [(float(r["measured_ms"]), float(r["time_ms"])) for r in csv.DictReader(fh)]
         ratios = sorted(t / p for t, p in pairs)

@@ -44,10 +44,13 @@ import dataclasses
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _common import mape_pct as _mape  # noqa: E402
 
 from blink import data_public as dp  # noqa: E402
 from blink.cost import _C, core_gpu_spec  # noqa: E402
@@ -130,10 +133,6 @@ RATES = [0.75, 0.8, 0.825, 0.85, 0.875, 0.9, 0.95, 1.0]
 Rows = dict[str, list[tuple[float, float, float, float]]]
 
 
-def _mape(pairs: list[tuple[float, float]]) -> float:
-    return 100.0 * statistics.fmean(abs(p / t - 1.0) for t, p in pairs)
-
-
 def _panel_rule(root: Path) -> Rows:
     """Held-out check of the L2 panel rule on the two sm_6x boards' nn.Linear kernel times."""
     floors = td.neusight_floors(td.load_neusight(root, 100000, 0, 0))
@@ -163,24 +162,35 @@ def _panel_rule(root: Path) -> Rows:
     def at(gpu: str, e: float) -> float:
         return _mape([(t, p * max(1.0, x) ** e) for t, p, _, x in rows[gpu]])
 
-    print("nn.Linear kernel times on the sm_6x boards: MAPE % with the L2 panel rule off, at "
-          "the exponent the other board prefers, and shipped")
-    print(f"shipped kPascalLtPanelExponent = {_C.kPascalLtPanelExponent}; grid "
-          f"{', '.join(str(e) for e in EXPONENTS)}")
-    head = (f"{'held out':10} {'n':>6} {'rule off':>9} {'other board':>12} {'exponent':>9} "
+    _board_table("nn.Linear kernel times on the sm_6x boards: MAPE % with the L2 panel rule off, "
+                 "at the exponent the other board prefers, and shipped",
+                 f"shipped kPascalLtPanelExponent = {_C.kPascalLtPanelExponent}", EXPONENTS,
+                 rows, at, ("rule off", lambda g: _mape([(t, p) for t, p, _, _ in rows[g]])),
+                 lambda g: _mape([(t, p) for t, _, p, _ in rows[g]]), ("exponent", ".1f"))
+    return rows
+
+
+def _board_table(title: str, shipped_line: str, grid: list[float], rows: Rows,
+                 at: Callable[[str, float], float],
+                 base: tuple[str, Callable[[str], float]], shipped: Callable[[str], float],
+                 value: tuple[str, str]) -> None:
+    """One sm_6x board held out at a time: its MAPE without the rule (`base`), at the grid
+    value the other board's rows prefer, its own best value and shipped."""
+    print(title)
+    print(f"{shipped_line}; grid {', '.join(str(v) for v in grid)}")
+    head = (f"{'held out':10} {'n':>6} {base[0]:>9} {'other board':>12} {value[0]:>9} "
             f"{'held out':>9} {'own best':>9} {'shipped':>8}")
     print(head)
     print("-" * len(head))
     for gpu in PASCAL:
         other = next(g for g in PASCAL if g != gpu)
-        e_other = min(EXPONENTS, key=lambda e: at(other, e))
-        e_own = min(EXPONENTS, key=lambda e: at(gpu, e))
-        base = _mape([(t, p) for t, p, _, _ in rows[gpu]])
-        shipped = _mape([(t, p) for t, _, p, _ in rows[gpu]])
-        print(f"{gpu:10} {len(rows[gpu]):6d} {base:9.1f} {other:>12} {e_other:9.1f} "
-              f"{at(gpu, e_other):9.1f} {e_own:9.1f} {shipped:8.1f}")
+        mapes = {g: {v: at(g, v) for v in grid} for g in (gpu, other)}
+        v_other = min(grid, key=mapes[other].__getitem__)
+        v_own = min(grid, key=mapes[gpu].__getitem__)
+        print(f"{gpu:10} {len(rows[gpu]):6d} {base[1](gpu):9.1f} {other:>12} "
+              f"{v_other:9{value[1]}} {mapes[gpu][v_other]:9.1f} {v_own:9{value[1]}} "
+              f"{shipped(gpu):8.1f}")
     print()
-    return rows
 
 
 def _tile_rate(rows: Rows) -> None:
@@ -192,20 +202,10 @@ def _tile_rate(rows: Rows) -> None:
     def at(gpu: str, rate: float) -> float:
         return _mape([(t, p * shipped / rate) for t, _, p, _ in rows[gpu]])
 
-    print("nn.Linear kernel times on the sm_6x boards: MAPE % with the *_tn tiles at the table's "
-          "rate (1), at the rate the other board prefers, and shipped")
-    print(f"shipped kPascalLtTileRate = {shipped}; grid {', '.join(str(r) for r in RATES)}")
-    head = (f"{'held out':10} {'n':>6} {'rate 1':>9} {'other board':>12} {'rate':>9} "
-            f"{'held out':>9} {'own best':>9} {'shipped':>8}")
-    print(head)
-    print("-" * len(head))
-    for gpu in PASCAL:
-        other = next(g for g in PASCAL if g != gpu)
-        r_other = min(RATES, key=lambda r: at(other, r))
-        r_own = min(RATES, key=lambda r: at(gpu, r))
-        print(f"{gpu:10} {len(rows[gpu]):6d} {at(gpu, 1.0):9.1f} {other:>12} {r_other:9.3f} "
-              f"{at(gpu, r_other):9.1f} {r_own:9.3f} {at(gpu, shipped):8.1f}")
-    print()
+    _board_table("nn.Linear kernel times on the sm_6x boards: MAPE % with the *_tn tiles at the "
+                 "table's rate (1), at the rate the other board prefers, and shipped",
+                 f"shipped kPascalLtTileRate = {shipped}", RATES, rows, at,
+                 ("rate 1", lambda g: at(g, 1.0)), lambda g: at(g, shipped), ("rate", ".3f"))
 
 
 if __name__ == "__main__":
