@@ -141,7 +141,7 @@ class L2Window {
 };
 
 // Dense bytes of a tensor (0 for an unknown dtype).
-double tensor_bytes(const TensorInfo& t) {
+double dense_bytes(const TensorInfo& t) {
   if (t.dtype < 0) return 0.0;
   double n = 1.0;
   for (int64_t v : t.sizes) n *= static_cast<double>(v);
@@ -504,7 +504,7 @@ MemoryResult simulate_trace_memory(const TraceData& trace, int device_type,
       if (!op.kernel) continue;
       double bytes = 0.0;
       for (const HostCopy& h : host_copies(trace.names[static_cast<size_t>(op.name)], op.inputs)) {
-        bytes += tensor_bytes(*h.src);
+        bytes += dense_bytes(*h.src);
       }
       if (bytes > 0) host_copy_after[at] = static_cast<int64_t>(bytes);
     }
@@ -740,7 +740,7 @@ CompiledCost compile_trace(const TraceData& trace, const TraceCost& eager, const
       each_tensor(op.inputs, [&](const TensorInfo& t) {
         if (!written.count(t.storage)) {
           double& r = reads[t.storage];
-          r = std::max(r, tensor_bytes(t));
+          r = std::max(r, dense_bytes(t));
         }
       });
       each_tensor(op.outputs, [&](const TensorInfo& t) {
@@ -755,7 +755,7 @@ CompiledCost compile_trace(const TraceData& trace, const TraceCost& eager, const
         }
         if (external) {
           double& w = writes[t.storage];
-          w = std::max(w, tensor_bytes(t));
+          w = std::max(w, dense_bytes(t));
         }
       });
       k.flops += eager.units[u].features.flops;

@@ -52,7 +52,9 @@ int64_t stored_elements(const TensorInfo& t) {
   return n;
 }
 
-double tensor_bytes(const TensorInfo& t) {
+// Bytes of the elements a tensor's storage holds (a broadcast, stride-0 dimension counts once):
+// what a kernel reading it moves. cost_model.cpp's dense_bytes counts every element instead.
+double stored_bytes(const TensorInfo& t) {
   return static_cast<double>(stored_elements(t)) * static_cast<double>(dtype_itemsize(t.dtype));
 }
 
@@ -192,7 +194,7 @@ class ByteSet {
       auto key = std::make_tuple(t.storage, t.storage_offset, t.dtype, t.sizes, t.strides);
       if (!seen_.insert(std::move(key)).second) return;
     }
-    bytes_ += tensor_bytes(t);
+    bytes_ += stored_bytes(t);
   }
   double bytes() const { return bytes_; }
 
@@ -468,7 +470,7 @@ Tiling f_grouped_mm(const Ctx& c, const Rule&, UnitFeatures& f) {
   // product of the others (`fixed`; 3-D x 3-D: rows = groups, fixed = m * n * k).
   int64_t m = 0, n = 0, k = 0, rows = 0;
   double fixed = 0.0;
-  const double weight_bytes_3d = ra == 3 ? tensor_bytes(a) : (rb == 3 ? tensor_bytes(b) : 0.0);
+  const double weight_bytes_3d = ra == 3 ? stored_bytes(a) : (rb == 3 ? stored_bytes(b) : 0.0);
   auto d = [](int64_t v) { return static_cast<double>(v); };
   if (ra == 2 && rb == 3) {         // rows of A grouped
     rows = a.sizes[0], k = a.sizes[1], n = b.sizes[2], fixed = d(k) * d(n);
@@ -625,7 +627,7 @@ Tiling f_conv(const Ctx& c, const Rule& r, UnitFeatures& f) {
     // _convolution adds the bias after the cuDNN call (output.add_(reshape_bias(...)),
     // Convolution.cpp): one more element-wise kernel reading and writing the output.
     f.kernels += 1;
-    f.aux_bytes += 2.0 * tensor_bytes(*y);
+    f.aux_bytes += 2.0 * stored_bytes(*y);
   }
   return conv_tiling(1);
 }
@@ -647,8 +649,8 @@ Tiling f_conv_backward(const Ctx& c, const Rule&, UnitFeatures& f) {
                 int_at(c.in, 9, 1), transposed, one);
   const int passes = static_cast<int>(mask[0] != 0) + static_cast<int>(mask[1] != 0);
   f.flops = one * passes;
-  const double gob = tensor_bytes(go);
-  f.bytes_read = (mask[0] ? gob + tensor_bytes(w) : 0.0) + (mask[1] ? gob + tensor_bytes(x) : 0.0) +
+  const double gob = stored_bytes(go);
+  f.bytes_read = (mask[0] ? gob + stored_bytes(w) : 0.0) + (mask[1] ? gob + stored_bytes(x) : 0.0) +
                  (mask[2] ? gob : 0.0);
   count_writes(c, f, -1);
   f.kernels = std::max(1, passes + static_cast<int>(mask[2] != 0));
@@ -963,7 +965,7 @@ const TensorInfo* index_mask(const Ctx& c, int pos) {
 // elements with cub, copies the count to the host (the CPU waits for the stream there), then a
 // cub select writes the `count` x mask-dims coordinates: two passes over the mask.
 void add_mask_nonzero(const TensorInfo& mask, double count, UnitFeatures& f) {
-  f.bytes_read += 2.0 * tensor_bytes(mask);
+  f.bytes_read += 2.0 * stored_bytes(mask);
   f.bytes_written += 8.0 * static_cast<double>(mask.sizes.size()) * count;
   f.kernels += 2;
   f.host_sync = true;
@@ -1055,8 +1057,8 @@ Tiling f_scatter(const Ctx& c, const Rule& r, UnitFeatures& f) {
   f.bytes_written = touched;
   const TensorInfo* o = first_output(c);
   if (o != nullptr && !same_tensor(*o, self)) {
-    f.bytes_read += tensor_bytes(self);
-    f.bytes_written += tensor_bytes(*o);
+    f.bytes_read += stored_bytes(self);
+    f.bytes_written += stored_bytes(*o);
     f.kernels = 2;
   }
   f.numel = numel_of(self);
@@ -1153,9 +1155,9 @@ Tiling f_nll_forward(const Ctx& c, const Rule& r, UnitFeatures& f) {
   const TensorInfo& self = need_tensor(c, 0, "self");
   const TensorInfo& target = need_tensor(c, 1, "target");
   const int64_t nt = numel_of(target);
-  f.bytes_read = tensor_bytes(target) +
+  f.bytes_read = stored_bytes(target) +
                  static_cast<double>(nt) * static_cast<double>(dtype_itemsize(self.dtype));
-  if (const TensorInfo* w = tensor_at(c.in, 2)) f.bytes_read += tensor_bytes(*w);
+  if (const TensorInfo* w = tensor_at(c.in, 2)) f.bytes_read += stored_bytes(*w);
   count_writes(c, f, -1);
   f.outer = nt;
   f.inner = self.sizes.size() >= 2 ? self.sizes[1] : (self.sizes.empty() ? 1 : self.sizes[0]);
@@ -1208,7 +1210,7 @@ Tiling f_upsample_bilinear_backward(const Ctx& c, const Rule& r, UnitFeatures& f
   const TensorInfo* gi = first_output(c);
   if (gi == nullptr) fail(c, "has no output tensor");
   const TensorInfo& go = need_tensor(c, 0, "grad_output");
-  const double gi_bytes = tensor_bytes(*gi);
+  const double gi_bytes = stored_bytes(*gi);
   f.bytes_read += gi_bytes;
   f.bytes_written += gi_bytes;
   f.kernels = 2;
@@ -1409,11 +1411,11 @@ Tiling f_scan(const Ctx& c, const Rule& r, UnitFeatures& f) {
   const auto [slices, n] = slices_along(x, dim);
   f.outer = slices;
   f.inner = n;
-  f.bytes_read = tensor_bytes(x);
+  f.bytes_read = stored_bytes(x);
   count_writes(c, f, -1);
   if (f.bytes_written == 0) {  // _cummax_helper(self, values, indices, dim) writes its inputs
     for (int i = 1; i < static_cast<int>(c.in.size()); ++i) {
-      if (const TensorInfo* t = tensor_at(c.in, i)) f.bytes_written += tensor_bytes(*t);
+      if (const TensorInfo* t = tensor_at(c.in, i)) f.bytes_written += stored_bytes(*t);
     }
   }
   f.numel = numel_of(x);
@@ -1453,7 +1455,7 @@ Tiling f_index_put(const Ctx& c, const Rule& r, UnitFeatures& f) {
     const double touched = static_cast<double>(count) * static_cast<double>(row) * s;
     // f_scatter counted the mask's bytes as indices and the values' elements as the places
     // touched; the kernel reads count int64 coordinates per mask dim and touches count rows.
-    f.bytes_read += 8.0 * static_cast<double>(mask->sizes.size() * count) - tensor_bytes(*mask) +
+    f.bytes_read += 8.0 * static_cast<double>(mask->sizes.size() * count) - stored_bytes(*mask) +
                     touched - static_cast<double>(given) * s;
     f.bytes_written += touched - static_cast<double>(given) * s;
     n_idx = std::max(n_idx, count);
@@ -1487,8 +1489,8 @@ Tiling f_masked_scatter(const Ctx& c, const Rule&, UnitFeatures& f) {
   f.kernels = 2;
   const TensorInfo* o = first_output(c);
   if (o != nullptr && !same_tensor(*o, self)) {
-    f.bytes_read += tensor_bytes(self);
-    f.bytes_written += tensor_bytes(*o);
+    f.bytes_read += stored_bytes(self);
+    f.bytes_written += stored_bytes(*o);
     f.kernels = 3;
   }
   f.numel = static_cast<int64_t>(n);
