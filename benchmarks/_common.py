@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 # The foundation issue's benchmark cases: model, trace_model/prepare keyword arguments.
 CASES = [
@@ -26,3 +27,14 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
 def mape_pct(pairs: Iterable[tuple[float, float]]) -> float:
     """Mean absolute percentage error of (measured, predicted) pairs, in %."""
     return 100.0 * statistics.fmean(abs(p / t - 1.0) for t, p in pairs)
+
+
+def public_root_or_none() -> Path | None:
+    """The public data folder (blink.train.data.public_root), or None after saying why not."""
+    from blink.train.data import public_root
+
+    try:
+        return public_root()
+    except FileNotFoundError as e:
+        print(e)
+        return None

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _common import mape_pct as _mape  # noqa: E402
+from _common import public_root_or_none  # noqa: E402
 
 from blink.cost import _C  # noqa: E402
 from blink.hardware import get_gpu  # noqa: E402
@@ -52,10 +53,8 @@ def _pass(family: str, stride: int) -> str:
 
 
 def main() -> int:
-    try:
-        root = td.public_root()
-    except FileNotFoundError as e:
-        print(e)
+    root = public_root_or_none()
+    if root is None:
         return 1
     shipped = {"dgrad, strided": float(_C.kConvStridedDgradEfficiency),
                "wgrad": float(_C.kConvWgradEfficiency)}

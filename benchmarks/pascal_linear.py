@@ -51,6 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _common import mape_pct as _mape  # noqa: E402
+from _common import public_root_or_none  # noqa: E402
 
 from blink import data_public as dp  # noqa: E402
 from blink.cost import _C, core_gpu_spec  # noqa: E402
@@ -88,10 +89,8 @@ def _print(title: str, ratios: dict[tuple[str, str, str], list[float]], bins: li
 
 
 def main() -> int:
-    try:
-        root = td.public_root()
-    except FileNotFoundError as e:
-        print(e)
+    root = public_root_or_none()
+    if root is None:
         return 1
     # The kernel grid of each nn.Linear row, by (GPU, dims); shapes repeat rarely, first wins.
     grid: dict[tuple[str, str], int] = {}
