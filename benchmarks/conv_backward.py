@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/conv_backward.py          (~10 s on 2 cores)
 
 Data: the public DeepBench convolution rows (shared/data/public/deepbench, cuDNN 7.6, fp32 on
-six boards and fp16 tensor cores on the T4 and V100), costed by blink.train.data.load_units as
+six boards and fp16 tensor cores on the T4 and V100), costed by blink.train.data.load_deepbench as
 `blink train` sees them. With one implicit-GEMM rate for every pass, the forward kernels came
 out at 1.03x of the plan at the median, data gradients of stride-1 convolutions at 1.04x, but
 data gradients of stride-2 convolutions at 2.4x and weight gradients at 1.34x, on every board
@@ -59,8 +59,8 @@ def main() -> int:
     shipped = {"dgrad, strided": float(_C.kConvStridedDgradEfficiency),
                "wgrad": float(_C.kConvWgradEfficiency)}
     rows: dict[str, list[tuple[str, float, float, float]]] = defaultdict(list)
-    for r in td.load_units(root, neusight_rows_per_file=1, neusight_mixed_rows=1):
-        if r.kind != "conv" or r.dataset != "deepbench":
+    for r in td.load_deepbench(root):
+        if r.kind != "conv":
             continue
         p = _pass(r.family, int(r.feats["stride_h"]))
         # The share of the analytic time that is the implicit GEMM's main loop (the rest: the

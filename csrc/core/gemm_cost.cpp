@@ -210,15 +210,15 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
 
   const double peak_sm_clk = peak / (sms * clock);  // FLOP per clock per SM
   const TcRelief relief = tc ? tc_relief(p.mode, peak_sm_clk, g) : TcRelief{};
+  // cuBLASLt's Maxwell-generation *_tn SGEMM tiles (kPascalLtTileRate, kPascalLtPanelExponent).
+  const bool pascal_lt_tn = !tc && p.cublas && p.cublaslt_epilogue && g.cc_major < 7;
   const double base =
       (tc ? 1.0 - (1.0 - tc_gemm_base_efficiency(g.cc_major)) / relief.base
           : kSimtGemmBaseEfficiency * g.simt_gemm_rate) *
-      p.efficiency_scale;
+      p.efficiency_scale * (pascal_lt_tn ? kPascalLtTileRate : 1.0);
   const double ob = out_bytes(p.dtype);
   best.compute_s = std::numeric_limits<double>::infinity();
   const TileList list = candidate_tiles(p, tc, g.cc_major);
-  // cuBLASLt's Maxwell-generation *_tn SGEMM tiles (kPascalLtTileRate, kPascalLtPanelExponent).
-  const bool pascal_lt_tn = !tc && p.cublas && p.cublaslt_epilogue && g.cc_major < 7;
   for (size_t t = 0; t < list.count; ++t) {
     const TileShape& ts = list.tiles[t];
     const double c = static_cast<double>(ts.ctas_per_sm);
@@ -230,8 +230,7 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
     const double clk_per_k = 2.0 * static_cast<double>(ts.m * ts.n) / peak_sm_clk;
     const double fixed_clk =
         kCtaPrologueClocks + static_cast<double>(ts.m * ts.n) * ob / kEpilogueBytesPerClock / c;
-    const double eff = base * std::min(1.0, ts.efficiency * relief.tile) *
-                       (pascal_lt_tn ? kPascalLtTileRate : 1.0);
+    const double eff = base * std::min(1.0, ts.efficiency * relief.tile);
     int max_split = static_cast<int>(std::min<double>(
         p.max_split, std::max(1.0, std::floor(k / kSplitKMinK))));
     // cuBLAS splits K only for a grid of output tiles too small for the GPU (kernel_plan.h).
