@@ -48,12 +48,13 @@ def unit_graph(t: Any, gpu: Any, *, models: Any = None, allow_tf32_matmul: bool 
     """The GNN's input for a Trace on `gpu`, built in C++ exactly as predict builds it: {x:
     float64 array units x node_features, edges: int64 array E x 2 (producer, consumer unit
     index), g: graph features, op: unit op ids, ...}. `models`: a blink.learned.LearnedModels
-    whose forests set the node times first (as predict does), or None for analytic times."""
+    whose forests set the node times first (as predict does where the GNN applies: on every
+    GPU generation, their card ranges notwithstanding), or None for analytic times."""
     from .cost import core_gpu_spec
 
     um = models.unit_models if models is not None and models.forests else None
     return t.native().unit_graph(core_gpu_spec(gpu), allow_tf32_matmul, allow_tf32_cudnn, um,
-                                 cudnn_benchmark)
+                                 cudnn_benchmark, extrapolate_forests=True)
 
 
 class UnitGNN(nn.Module):

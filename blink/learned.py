@@ -157,6 +157,16 @@ class ForestEntry:
     forest: Any  # blink._C.Forest
     scale: float = 1.0  # time = analytic * exp(clip(scale * forest))
     ops: list[str] = field(default_factory=list)  # the ops it corrects; empty: all of its kind
+    # the compute-capability majors (GPU generations) it was fitted on; None: every generation
+    cc_major_range: tuple[int, int] | None = None
+
+    def covers_op(self, op_name: str) -> bool:
+        """Whether the forest was fitted on op_name's kernel (the C++ core's op-key match)."""
+        return not self.ops or _C.unit_model_op_key(op_name) in self.ops
+
+    def covers_generation(self, compute_capability: tuple[int, int]) -> bool:
+        lo, hi = self.cc_major_range or (0, 99)
+        return lo <= compute_capability[0] <= hi
 
 
 @dataclass
@@ -339,6 +349,13 @@ def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
         if not isinstance(ops, list) or not all(isinstance(x, str) and x for x in ops):
             raise _fail(card_path, f"{what}: 'ops' must be a list of ATen op names (the ops "
                                    "the forest was fitted on)")
+        gen = e.get("cc_major_range")
+        if gen is not None and not (isinstance(gen, list) and len(gen) == 2
+                                    and all(type(x) is int for x in gen)
+                                    and 0 <= gen[0] <= gen[1] <= 99):
+            raise _fail(card_path, f"{what}: 'cc_major_range' must be [lo, hi], the "
+                                   "compute-capability majors the forest was fitted on "
+                                   "(integers, 0 <= lo <= hi <= 99)")
         path = _artifact_path(d, card_path, e.get("file"), what)
         _check_sha256(card_path, path, e.get("sha256"), what)
         try:
@@ -347,12 +364,14 @@ def _load_uncached(d: Path, card_path: Path) -> LearnedModels:
             raise ArtifactError(f"{exc}. Retrain with `blink train` (predict(..., "
                                 "predictor='analytic') skips the models).") from exc
         try:
-            unit_models.add(kind, forest, feats, lo, hi, scale, ops)
+            unit_models.add(kind, forest, feats, lo, hi, scale, ops,
+                            *(gen if gen is not None else (0, 99)))
         except _C.Error as exc:
             raise _fail(card_path, f"{what}: {exc}") from exc
         forests[kind] = ForestEntry(kind, path, list(feats), (lo, hi), [str(g) for g in gpus],
                                     forest, scale,
-                                    sorted({_C.unit_model_op_key(o) for o in ops}))
+                                    sorted({_C.unit_model_op_key(o) for o in ops}),
+                                    None if gen is None else (gen[0], gen[1]))
     models = LearnedModels(d, card, forests, unit_models)
     conf = card.get("conformal")
     conf_path: Path | None = None

@@ -629,6 +629,13 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         if why is not None:
             gnn = None
             notes.append(f"end-to-end GNN ({models.gnn_path}) not applied: {why}")
+    # A GNN trained on this GPU read the forests' times as they come out of the forests, on a
+    # generation they never saw included: it gets them so. Without it, such units keep the
+    # analytic time (blink/learned.h, UnitModel::cc_major_lo).
+    extrapolate = gnn is not None
+    other_gen = ({k for k, e in models.forests.items()
+                  if not e.covers_generation(spec.compute_capability)}
+                 if unit_models is not None and not extrapolate else set())
     used = host_time if t.has_timestamps else "table"
     if used != host_time:
         notes.append("the trace has no timestamps (format 2): host time from the table")
@@ -638,7 +645,8 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         amp_s = autocast_overhead_s(dtype) if dtype in ("amp-bf16", "amp-fp16") else 0.0
         cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, used,
                            cal.tracer_gap_overhead_s, cal.module_hook_s, amp_s,
-                           cudnn_benchmark=cudnn_benchmark, models=unit_models, gnn=gnn)
+                           cudnn_benchmark=cudnn_benchmark, models=unit_models, gnn=gnn,
+                           extrapolate_forests=extrapolate)
         clock = "CPU time" if used == "measured" else "wall clock"
         notes.append(f"host time measured on this CPU during the dry run ({clock}; less "
                      f"{cal.tracer_gap_overhead_s * 1e6:.1f} us tracer overhead per op, "
@@ -647,13 +655,15 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                         "mode)" if amp_s else ")"))
     else:
         cost = native.cost(core_gpu_spec(spec), allow_tf32_matmul, allow_tf32_cudnn, "table",
-                           cudnn_benchmark=cudnn_benchmark, models=unit_models, gnn=gnn)
+                           cudnn_benchmark=cudnn_benchmark, models=unit_models, gnn=gnn,
+                           extrapolate_forests=extrapolate)
     workspace = cublas_workspace_bytes(spec)
 
     units = []
     failed = 0
     by_trees: dict[str, int] = {}
     outside: dict[str, dict[str, int]] = {}  # kind -> op -> units its forest was not fitted on
+    gated: dict[str, int] = {}  # kind -> units left analytic: a GPU generation its forest never saw
     for (op_id, kind, time_s, roof_s, flops, br, bw, kernels, _matched, math, err,
          (name, module, phase), source, analytic_s, _log_ratio) in cost["units"]:
         if err:
@@ -665,9 +675,11 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
             if q is not None:
                 lo, hi = time_s * 1e3 * exp(-q), time_s * 1e3 * exp(q)
         elif (not err and unit_models is not None and kind in models.forests
-              and models.forests[kind].ops):
+              and not models.forests[kind].covers_op(name)):
             ops = outside.setdefault(kind, {})
             ops[name] = ops.get(name, 0) + 1
+        elif not err and kind in other_gen and analytic_s > 0:
+            gated[kind] = gated.get(kind, 0) + 1
         units.append(UnitRow(op_id, name, module, PHASES[phase], kind, time_s * 1e3,
                              roof_s * 1e3, flops, br + bw, int(kernels), math, source, err,
                              analytic_s * 1e3, lo, hi))
@@ -679,6 +691,13 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
         if unseen:
             notes.append(f"{spec.name} is not among the GPUs the {', '.join(unseen)} trees were "
                          "trained on (they extrapolate through the GPU's specs)")
+    cc = "sm_{}{}".format(*spec.compute_capability)
+    for kind, n in sorted(gated.items()):
+        lo, hi = models.forests[kind].cc_major_range or (0, 99)
+        seen = f"sm_{lo}x" if lo == hi else f"sm_{lo}x to sm_{hi}x"
+        notes.append(f"{kind} units keep the analytic time ({n}): the {kind} trees were fitted on "
+                     f"{seen} GPUs only, and {spec.name} is {cc}, a generation whose kernels "
+                     "they never saw")
     for kind, ops in sorted(outside.items()):
         seen = ", ".join(models.forests[kind].ops)
         notes.append(f"{kind} units the {kind} trees were not fitted on keep the analytic time: "

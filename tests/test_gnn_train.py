@@ -47,6 +47,7 @@ def test_graph_cache_round_trips_real_traces(tmp_path):
     """Two real timm models traced into a cache: what load_graphs reconstructs from the compact
     file is the C++ unit graph predict builds, both variants; a retrained forest makes the
     cache stale, with an error that names the rebuild command."""
+    import blink
     from blink.cost import core_gpu_spec
     from blink.hardware import get_gpu
 
@@ -70,12 +71,17 @@ def test_graph_cache_round_trips_real_traces(tmp_path):
         a, b = gs.node_offsets[i], gs.node_offsets[i + 1]
         ea, eb = gs.edge_offsets[i], gs.edge_offsets[i + 1]
         for variant, um in (("analytic", None), ("trees", models.unit_models)):
-            ref = t.native().unit_graph(spec, True, True, um, True)
+            # the GNN's graphs: forests on every GPU generation, as predict runs them there
+            ref = t.native().unit_graph(spec, True, True, um, True, extrapolate_forests=True)
             np.testing.assert_allclose(gs.x[variant][a:b], ref["x"], rtol=1e-6, atol=1e-6)
             np.testing.assert_array_equal(gs.edges[ea:eb], ref["edges"])
             np.testing.assert_allclose(gs.g[variant][i], ref["g"], rtol=1e-12)
         # the analytic timeline is the cached analytic prediction of the same row
         assert gs.end_to_end_ms("analytic")[i] == pytest.approx(r["time_ms"], rel=1e-4)
+        # forests_ms is predict's trees time where no GNN applies
+        shipped = blink.predict_trace(t, "RTX3090", predictor="trees", host_time="table",
+                                      allow_tf32_matmul=True, cudnn_benchmark=True)
+        assert gs.forests_ms[i] == pytest.approx(shipped.time_ms, rel=1e-6)
     other = tmp_path / "m2"
     other.mkdir()
     card = json.loads((MODELS / "card.json").read_text())
@@ -84,6 +90,15 @@ def test_graph_cache_round_trips_real_traces(tmp_path):
     (other / "card.json").write_text(json.dumps({"forests": card["forests"]}))
     with pytest.raises(ValueError, match="built with other forests.*timm_graphs"):
         TG.load_graphs(out, other)
+    # the same forest files applied at another scale make other graphs too
+    rescaled = tmp_path / "m3"
+    rescaled.mkdir()
+    for e in card["forests"].values():
+        (rescaled / e["file"]).write_bytes((MODELS / e["file"]).read_bytes())
+        e["scale"] = 0.5 * float(e.get("scale", 1.0))
+    (rescaled / "card.json").write_text(json.dumps({"forests": card["forests"]}))
+    with pytest.raises(ValueError, match="built with other forests.*timm_graphs"):
+        TG.load_graphs(out, rescaled)
 
 
 @needs_graphs

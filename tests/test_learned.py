@@ -223,6 +223,56 @@ def test_forest_corrects_only_the_ops_it_was_fitted_on(tmp_path, monkeypatch):
     assert all(u.source == "trees" for u in q.units if u.op == "aten::cudnn_batch_norm")
 
 
+def test_forest_leaves_a_gpu_generation_it_never_saw_analytic(traces, tmp_path, monkeypatch):
+    """A forest fitted on sm_6x..sm_7x GPUs keeps its hands off an sm_80 GPU (its GPU-spec splits
+    would send every unit to the nearest trained chip's leaves), unless the caller extrapolates
+    on purpose, as predict does for a GNN trained on the forests' output."""
+    t = traces[32]
+    conv = _conv_forest(traces)
+    d = _write_models(tmp_path / "m", {"conv": (conv, CONV_FEATURES, (-4.0, 4.0))})
+    _card_edit(_set(["forests", "conv", "cc_major_range"], [6, 7]))(d)
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(d))
+    a100 = predict_trace(t, GPU)  # A100-80GB: compute capability 8.0
+    analytic = predict_trace(t, GPU, predictor="analytic")
+    convs = [u for u in a100.units if u.kind == "conv"]
+    assert len(convs) >= 15
+    assert all(u.source == "analytic" and u.time_ms == u.analytic_ms for u in convs)
+    assert a100.predictor == "analytic" and a100.time_ms == analytic.time_ms
+    assert any(f"conv units keep the analytic time ({len(convs)}): the conv trees were fitted "
+               "on sm_6x to sm_7x GPUs only, and A100-80GB is sm_80" in n
+               for n in a100.notes), a100.notes
+    # the T4 (sm_75) is a generation the forest saw: xgboost's own correction applies
+    t4 = predict_trace(t, "T4")
+    rows = learned.trace_input_rows(t, "T4")
+    cols = [rows["names"].index(f) for f in CONV_FEATURES]
+    x = rows["rows"][[i for i, k in enumerate(rows["kind"]) if k == "conv"]][:, cols]
+    want = iter(conv.predict(xgb.DMatrix(x)))
+    for u in (u for u in t4.units if u.kind == "conv"):
+        assert u.source == "trees"
+        assert u.time_ms == pytest.approx(u.analytic_ms * math.exp(next(want)), rel=1e-5)
+    assert not any("keep the analytic time" in n for n in t4.notes)
+    # extrapolating on purpose, the core applies it on the A100 too
+    from blink.cost import core_gpu_spec
+    from blink.hardware import get_gpu
+
+    um = learned.load_models(d).unit_models
+    spec = core_gpu_spec(get_gpu(GPU))
+    gated = t.native().cost(spec, models=um)
+    forced = t.native().cost(spec, models=um, extrapolate_forests=True)
+    assert gated["forest_other_generation_units"] == len(convs)
+    assert forced["forest_other_generation_units"] == 0
+    assert forced["gpu_busy_s"] != pytest.approx(gated["gpu_busy_s"], rel=1e-3)
+    assert gated["gpu_busy_s"] == pytest.approx(analytic.gpu_busy_ms / 1e3, rel=1e-12)
+
+
+def test_core_refuses_a_bad_generation_range():
+    f = learned._C.parse_forest(json.dumps(json.loads(_constant_forest(0.1, 1).save_raw(
+        "json").decode())), "f.json")
+    with pytest.raises(learned._C.Error, match=r"f.json: compute-capability major range "
+                                               r"\[8, 7\] is not 0 <= lo <= hi <= 99"):
+        learned._C.UnitModels().add("norm", f, ["numel"], cc_major_lo=8, cc_major_hi=7)
+
+
 def test_op_keys_drop_the_overload_and_the_in_place_underscore():
     key = learned._C.unit_model_op_key
     assert key("aten::add_.Tensor") == "aten::add"
@@ -369,6 +419,10 @@ BAD_CARDS = [
      "card.json", "'ops' must be a list of ATen op names"),
     ("ops-empty-name", _card_edit(_set(["forests", "norm", "ops"], [""])), "card.json",
      "'ops' must be a list of ATen op names"),
+    ("generations-reversed", _card_edit(_set(["forests", "norm", "cc_major_range"], [8, 7])),
+     "card.json", "'cc_major_range' must be [lo, hi]"),
+    ("generations-float", _card_edit(_set(["forests", "norm", "cc_major_range"], [6.5, 8])),
+     "card.json", "'cc_major_range' must be [lo, hi]"),
 ]
 
 
@@ -410,20 +464,28 @@ def test_shipped_conv_forest_reads_every_tensor_core_mode_as_one(monkeypatch):
     """The conv forest learned fp32 (CUDA cores) and fp16 (tensor cores) kernels only. bf16 and
     TF32 convolutions run as tensor-core implicit GEMMs too, so they must take the forest's
     tensor-core side: a bf16 conv of the same shape gets exactly the fp16 conv's correction on
-    the H200 (equal bf16 / fp16 peaks and bytes), and TF32 enters as a tensor-core unit."""
+    the H200 (equal bf16 / fp16 peaks and bytes), and TF32 enters as a tensor-core unit. (The
+    H200 is a generation the forest never saw, so the core is asked to extrapolate, as it
+    does for a GNN.)"""
+    from blink.cost import core_gpu_spec
+    from blink.hardware import get_gpu
+
     monkeypatch.delenv("BLINK_MODELS_DIR", raising=False)
     card = json.loads((learned.models_dir() / "card.json").read_text())
     if "conv" not in card.get("forests", {}):
         pytest.skip("models/ ships no conv forest")
     feats = card["forests"]["conv"]["features"]
     assert "tensor_core" in feats and "dtype" not in feats and "math_mode" not in feats
+    um = learned.load_models().unit_models
     ratios = {}
     for dt in ("fp16", "bf16"):
-        p = blink.predict("torchvision:resnet18", batch_size=8, gpu="H200", dtype=dt)
-        convs = [u for u in p.units if u.kind == "conv"]
+        tr = blink.trace_model("torchvision:resnet18", batch_size=8, dtype=dt)
+        c = tr.native().cost(core_gpu_spec(get_gpu("H200")), models=um,
+                             extrapolate_forests=True)
+        convs = [u for u in c["units"] if u[1] == "conv"]
         assert len(convs) == 20
-        assert all(u.source == "trees" and u.math_mode == f"{dt}_tc" for u in convs)
-        ratios[dt] = [u.time_ms / u.analytic_ms for u in convs]
+        assert all(u[12] == "trees" and u[9] == f"{dt}_tc" for u in convs)
+        ratios[dt] = [u[2] / u[13] for u in convs]
     assert ratios["bf16"] == pytest.approx(ratios["fp16"], rel=1e-9)
     t = blink.trace_model("torchvision:resnet18", batch_size=8)
     for tf32, want in ((True, 1.0), (False, 0.0)):

@@ -17,6 +17,7 @@ xgboost = pytest.importorskip("xgboost", reason="training needs xgboost-cpu "
                               "(requirements-dev.txt)")
 
 from blink import data_public  # noqa: E402
+from blink.hardware import get_gpu  # noqa: E402
 from blink.train import data as D  # noqa: E402
 from blink.train import fit as F  # noqa: E402
 from blink.train import model_level as ML  # noqa: E402
@@ -24,6 +25,7 @@ from blink.train import timm_cache as TC  # noqa: E402
 from blink.train.units import (  # noqa: E402
     SCALE_GRID,
     PairForests,
+    cc_major_range,
     choose_scale,
     logo,
     logo_splits,
@@ -242,6 +244,9 @@ def _validate(d: Path) -> None:
         assert booster.feature_names == fc["features"]
         assert fc["target"] == "log_ratio" and fc["clip"][0] < 0 < fc["clip"][1]
         assert len(fc["gpus"]) >= 2, kind
+        # predict leaves a GPU generation the forest never saw analytic: the range is its GPUs'
+        majors = [get_gpu(g).compute_capability[0] for g in fc["gpus"]]
+        assert fc["cc_major_range"] == [min(majors), max(majors)], kind
         m = fc["metrics"]
         assert m["trees"]["n"] == fc["rows"] and math.isfinite(m["trees"]["mape"])
         # predict corrects only the ops the rows ran (a layer-norm forest not a batch norm)
@@ -313,6 +318,23 @@ def test_logo_trees_beat_analytic_on_held_out_gpus(small_tables):
     trees = F.metrics(lg.pred_s, t.measured_s)["mape"]
     ana = F.metrics(t.analytic_s, t.measured_s)["mape"]
     assert trees < ana
+
+
+def test_logo_leaves_a_gpu_generation_its_forest_never_saw_analytic(small_tables):
+    """Held out, the A100 (sm_80) is a generation the other NeuSight boards' layer-norm forest
+    never saw: its rows keep the analytic time, as predict keeps them with the shipped card's
+    range."""
+    t = small_tables["norm"]
+    assert cc_major_range(t) == (6, 8)
+    lg = logo(t, rounds=30, scale=1.0)
+    a100 = t.chip == "A100-40GB"
+    assert a100.sum() >= 100
+    assert np.all(lg.raw[a100] == 0.0)
+    assert np.all(lg.pred_s[a100] == t.analytic_s[a100])
+    assert np.mean(lg.raw[~a100] != 0.0) > 0.9  # the other chips are inside 6..8 or 6..7
+    # the nested calibration forests that choose the shrinkage learn from every transfer: one
+    # fitted on sm_70 .. sm_80 boards still corrects the P100 (sm_60)
+    assert np.mean(PairForests(t, 30).raw_on("P100", "P4") != 0.0) > 0.9
 
 
 def test_choose_scale_undoes_an_overconfident_correction(small_tables):

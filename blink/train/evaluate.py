@@ -16,8 +16,10 @@ is the quantile of the other GPUs' analytic residuals.
 
 Model level (timm-rtx3090, cached blink predictions and unit graphs): 5 folds of held-out name
 families; roofline (the predicted timeline's lower bound), analytic (blink.predict time_ms),
-trees (the timeline of the shipped forests' unit times: they never saw this GPU or these
-models), gnn (the GNN on the analytic graphs), trees+gnn (the GNN on the forests' graphs),
+trees (the timeline of the shipped forests' unit times as predict makes it where no GNN
+applies: a forest whose GPU generations do not include the RTX 3090's leaves its units
+analytic), gnn (the GNN on the analytic graphs), trees+gnn (the GNN on the forests' graphs,
+every forest applied),
 trees+gnn+model (trees+gnn blended with the model-level correction: what predict does on a GPU
 the GNN covers), the whole-model baseline (params, FLOPs, batch, image size) and the model-level
 correction forest. q: for analytic and trees, the quantile of the
@@ -224,7 +226,7 @@ def model_folds(mt: ml.ModelTable, coverage: float, k: int = 5, gs: GraphSet | N
     if gs is not None:
         gi = gnn_fit.align(gs, mt.model, mt.batch, mt.img_size)
         have = gi >= 0
-        out["trees"][have] = gs.end_to_end_ms("trees")[gi[have]]
+        out["trees"][have] = gs.forests_ms[gi[have]]
         for test in folds:
             cal = ~test & have
             qs["trees"][test] = conformal_q(
@@ -256,7 +258,7 @@ def _excluded_rows(kept: list[dict[str, Any]], excluded: list[dict[str, Any]],
     if gs is not None:
         gi = gnn_fit.align(gs, both.model, both.batch, both.img_size)
         have = gi >= 0
-        r["trees"][have] = gs.end_to_end_ms("trees")[gi[have]]
+        r["trees"][have] = gs.forests_ms[gi[have]]
         if gnn:
             for p, variant in (("gnn", "analytic"), ("trees+gnn", "trees")):
                 r[p] = gnn_fit.oof(gs, variant, gi, both.measured_ms, [test])

@@ -37,7 +37,14 @@ from .fit import (
 )
 from .timm_cache import default_cache_path, load_cache
 from .timm_graphs import GraphWriter, default_graphs_path, load_graphs
-from .units import MIN_DATASET_ROWS, MIN_ROWS, PairForests, logo, nested_shrink
+from .units import (
+    MIN_DATASET_ROWS,
+    MIN_ROWS,
+    PairForests,
+    cc_major_range,
+    logo,
+    nested_shrink,
+)
 
 __all__ = ["CARD_FORMAT_VERSION", "COVERAGE", "FEATURE_SCHEMA_VERSION", "train"]
 
@@ -170,6 +177,9 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
                             "that choice, made without each held-out GPU, loses to 1 there",
             "scales_nested": ns.scales,
             "gpus": sorted(set(t.gpu.tolist())), "rows": len(t),
+            # predict leaves the kind analytic on a GPU generation outside these (unless a GNN
+            # trained on this forest's output applies there): blink::UnitModel::cc_major_lo
+            "cc_major_range": list(cc_major_range(t)),
             # what the trees saw: a unit outside these is an extrapolation (predict may prefer
             # the analytic time there)
             "math_modes": _math_modes(t),
@@ -464,7 +474,8 @@ def _train_gnn(out_dir: Path, graphs: Path, forests: dict[str, Any], mt: ml.Mode
     have = gi >= 0
     folds = group_folds(mt.family, 5)
     meas = mt.measured_ms
-    trees_ms = np.where(have, gs.end_to_end_ms("trees")[np.maximum(gi, 0)], math.nan)
+    # What predict ships on a GPU without a GNN: forests off outside their GPU generations.
+    trees_ms = np.where(have, gs.forests_ms[np.maximum(gi, 0)], math.nan)
     pred = oof(gs, "trees", gi, meas, folds)
     ok = have & np.isfinite(pred)
     m_trees = metrics(trees_ms[ok], meas[ok])
@@ -478,8 +489,10 @@ def _train_gnn(out_dir: Path, graphs: Path, forests: dict[str, Any], mt: ml.Mode
     by["analytic"] = {k: conformal_model[k] for k in ("q", "n", "predictor")}
     by["trees"] = {"q": _r(q_trees, 6), "n": int(ok.sum()),
                    "predictor": "per-unit forests (the timeline of their unit times)",
-                   "calibration": "timm-rtx3090 residuals (the forests never saw this GPU "
-                                  "or these models: nothing fitted on them)"}
+                   "calibration": "timm-rtx3090 residuals of that timeline as predict makes "
+                                  "it without a GNN (a forest whose GPU generations do not "
+                                  "include this GPU's leaves its units analytic; nothing "
+                                  "fitted on these models)"}
     card: dict[str, Any] = {
         "target": "log(measured / end-to-end time of the forests' timeline)",
         "variant": "trees", "graphs": {"path": _rel(graphs, repo_root()),

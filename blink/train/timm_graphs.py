@@ -6,7 +6,12 @@ GPU and math settings), the trace is cut into units and turned into the GNN's in
 
 - ``analytic``: node times from the analytic engine (what the GNN corrects without forests);
 - ``trees``: node times from the shipped per-unit forests (``models/``), timeline re-run with
-  them (what predict hands the GNN when forests are present).
+  them (what predict hands the GNN when forests are present), on the RTX 3090 also by forests
+  whose card range of GPU generations does not reach it (the GNN applies there, so predict
+  extrapolates them on purpose).
+
+Beside each graph, the end-to-end time of the forests' timeline as predict makes it where no
+GNN applies: such forests off (``forests_ms``, what the ``trees`` predictor is judged on).
 
 Stored as one compressed ``.npz`` of plain arrays (``numpy.load(..., allow_pickle=False)``),
 with a provenance JSON naming the forests' sha256 the ``trees`` graphs were built with: a
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import json
 import sys
 import time
@@ -49,14 +55,24 @@ def _provenance_path(path: Path) -> Path:
     return path.with_suffix(".provenance.json")
 
 
+# The card fields that change a forest's unit times besides its file (blink/learned.py).
+_APPLIED_FIELDS = ("features", "clip", "scale", "ops", "cc_major_range")
+
+
 def forest_hashes(models_dir: Path, forests: dict[str, Any] | None = None) -> dict[str, str]:
-    """sha256 of each forest file of `models_dir`: those `forests` ({kind: card entry}) names,
-    by default those its card.json ships."""
+    """Per forest of `models_dir` (those `forests` ({kind: card entry}) names, by default those
+    its card.json ships): the sha256 of its file and of the card fields that change how predict
+    applies it (a new scale leaves the file as it was but not the graphs)."""
     from .data import sha256_file
 
     if forests is None:
         forests = json.loads((models_dir / "card.json").read_text()).get("forests", {})
-    return {k: sha256_file(models_dir / e["file"]) for k, e in sorted(forests.items())}
+    out = {}
+    for k, e in sorted(forests.items()):
+        applied = json.dumps({f: e.get(f) for f in _APPLIED_FIELDS}, sort_keys=True)
+        both = sha256_file(models_dir / e["file"]) + applied
+        out[k] = hashlib.sha256(both.encode()).hexdigest()
+    return out
 
 
 class GraphWriter:
@@ -81,6 +97,7 @@ class GraphWriter:
         self.x: dict[str, list[np.ndarray]] = {v: [] for v in VARIANTS}
         self.g: dict[str, list[np.ndarray]] = {v: [] for v in VARIANTS}
         self.edges: list[np.ndarray] = []
+        self.forests_ms: list[float] = []
         self.node_names: list[str] = []
         self.graph_names: list[str] = []
 
@@ -88,7 +105,9 @@ class GraphWriter:
         native = t.native()
         # timm's benchmark: TF32 matmul on, cudnn.benchmark on (as in the timm cache).
         ga = native.unit_graph(self.spec, True, True, None, True)
-        gt = native.unit_graph(self.spec, True, True, self.unit_models, True)
+        gt = native.unit_graph(self.spec, True, True, self.unit_models, True,
+                               extrapolate_forests=True)
+        gf = native.unit_graph(self.spec, True, True, self.unit_models, True)
         if not np.array_equal(ga["edges"], gt["edges"]):
             raise RuntimeError(f"{name}: the two graph variants have different edges")
         self.node_names, self.graph_names = list(ga["node_features"]), list(ga["graph_features"])
@@ -98,6 +117,8 @@ class GraphWriter:
             self.x[v].append(np.asarray(gr["x"], dtype=np.float32))
             self.g[v].append(np.asarray(gr["g"], dtype=np.float64))
         self.edges.append(np.asarray(ga["edges"], dtype=np.int32).reshape(-1, 2))
+        j = list(gf["graph_features"]).index("log_end_to_end_us")
+        self.forests_ms.append(float(np.expm1(gf["g"][j]) / 1e3))
 
     def write(self, out: Path, cache: Path, command: str) -> Path:
         from .data import sha256_file
@@ -131,6 +152,7 @@ class GraphWriter:
             "kind": np.argmax(xa[:, kinds], axis=1).astype(np.uint8) if len(kinds) else
             np.zeros(len(xa), np.uint8),
             "trees_columns": xt[:, tree_cols],
+            "forests_ms": np.array(self.forests_ms, dtype=np.float64),
         }
         for v in VARIANTS:
             arrays[f"g_{v}"] = np.stack(self.g[v]) if self.g[v] else np.zeros((0, len(gn)))
@@ -182,6 +204,9 @@ class GraphSet:
     node_features: list[str]
     graph_features: list[str]
     provenance: dict[str, Any]
+    # per graph: the forests' timeline as predict makes it where no GNN applies (forests off on
+    # a GPU generation outside their card range), ms
+    forests_ms: np.ndarray
 
     def __len__(self) -> int:
         return int(self.model.size)
@@ -227,9 +252,13 @@ def load_graphs(path: Path | None = None, models_dir: Path | None = None,
     xt = xa.copy()
     xt[:, [nf.index(c) for c in TREE_COLUMNS]] = d["trees_columns"]
     edges = np.cumsum(d["edges_delta"].astype(np.int64), axis=0)
+    if "forests_ms" not in d:
+        raise ValueError(f"{path}: built before the forests' GPU-generation range (no "
+                         "forests_ms); rebuild with `python -m blink.train.timm_graphs`")
     return GraphSet(d["model"].astype(str), d["batch_img"], d["node_offsets"],
                     d["edge_offsets"], edges, {"analytic": xa, "trees": xt},
-                    {v: d[f"g_{v}"] for v in VARIANTS}, nf, gf, prov)
+                    {v: d[f"g_{v}"] for v in VARIANTS}, nf, gf, prov,
+                    d["forests_ms"].astype(np.float64))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,7 +78,8 @@ std::string unit_model_op_key(const std::string& op_name) {
 
 void UnitModels::add(const std::string& kind, std::shared_ptr<const Forest> forest,
                      const std::vector<std::string>& features, double clip_lo, double clip_hi,
-                     double scale, const std::vector<std::string>& ops) {
+                     double scale, const std::vector<std::string>& ops, int cc_major_lo,
+                     int cc_major_hi) {
   BLINK_CHECK(forest != nullptr, "UnitModels.add: no forest for kind \"" + kind + "\"");
   const std::string& src = forest->source;
   UnitModel m;
@@ -98,6 +99,9 @@ void UnitModels::add(const std::string& kind, std::shared_ptr<const Forest> fore
   // Not a range check on a fit: 0 would silently switch the forest off, > 1 would amplify it.
   BLINK_CHECK(std::isfinite(scale) && scale > 0.0 && scale <= 1.0,
               src + ": scale " + std::to_string(scale) + " is not in (0, 1]");
+  BLINK_CHECK(cc_major_lo >= 0 && cc_major_lo <= cc_major_hi && cc_major_hi <= 99,
+              src + ": compute-capability major range [" + std::to_string(cc_major_lo) + ", " +
+                  std::to_string(cc_major_hi) + "] is not 0 <= lo <= hi <= 99");
   const std::vector<std::string>& names = unit_model_input_names();
   for (const std::string& f : features) {
     const auto it = std::find(names.begin(), names.end(), f);
@@ -119,6 +123,8 @@ void UnitModels::add(const std::string& kind, std::shared_ptr<const Forest> fore
   m.clip_lo = clip_lo;
   m.clip_hi = clip_hi;
   m.scale = scale;
+  m.cc_major_lo = cc_major_lo;
+  m.cc_major_hi = cc_major_hi;
   models_.push_back(std::move(m));
 }
 
@@ -136,7 +142,7 @@ std::vector<std::string> UnitModels::kinds() const {
 }
 
 LearnedResult apply_unit_models(const TraceData& trace, TraceCost& cost, const UnitModels& models,
-                                const GpuSpec& gpu) {
+                                const GpuSpec& gpu, bool extrapolate) {
   LearnedResult r;
   const size_t n = cost.units.size();
   r.analytic_s.resize(n);
@@ -157,6 +163,10 @@ LearnedResult apply_unit_models(const TraceData& trace, TraceCost& cost, const U
                                   ? unit_model_op_key(trace.names[static_cast<size_t>(name)])
                                   : std::string();
       if (std::find(m->ops.begin(), m->ops.end(), key) == m->ops.end()) continue;
+    }
+    if (!extrapolate && !m->covers_generation(gpu.cc_major)) {
+      ++r.other_generation;
+      continue;
     }
     const std::vector<double> all = unit_model_inputs(u.features, u.time_s, gpu);
     row.resize(m->columns.size());

@@ -476,7 +476,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
              const std::string& host_time, double tracer_gap_overhead_s, double module_hook_s,
              double forward_mode_overhead_s, bool cudnn_benchmark,
-             std::shared_ptr<const UnitModels> models, std::shared_ptr<const Gnn> gnn) {
+             std::shared_ptr<const UnitModels> models, std::shared_ptr<const Gnn> gnn,
+             bool extrapolate_forests) {
             const FeatureOptions o =
                 feature_options(allow_tf32_matmul, allow_tf32_cudnn, cudnn_benchmark);
             HostOptions h;
@@ -499,7 +500,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             {
               py::gil_scoped_release release;
               c = cost_trace(d, meta_device(), g, o, h);
-              if (models) lr = apply_unit_models(d, c, *models, g);
+              if (models) lr = apply_unit_models(d, c, *models, g, extrapolate_forests);
               uncorrected = c.end_to_end_s;
               if (gnn) {
                 correction = gnn->forward(build_unit_graph(d, c, models ? &lr : nullptr, g));
@@ -509,21 +510,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             py::dict out = cost_to_python(d, c, models ? &lr : nullptr);
             out["gnn_log_correction"] = correction;
             out["timeline_end_to_end_s"] = uncorrected;
+            out["forest_other_generation_units"] = lr.other_generation;
             return out;
           },
           py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
           py::arg("host_time") = "table", py::arg("tracer_gap_overhead_s") = 0.0,
           py::arg("module_hook_s") = 0.0, py::arg("forward_mode_overhead_s") = 0.0,
           py::arg("cudnn_benchmark") = false, py::arg("models") = nullptr,
-          py::arg("gnn") = nullptr,
+          py::arg("gnn") = nullptr, py::arg("extrapolate_forests") = false,
           "Cost the trace on `gpu` (host time from the table or the trace's measured gaps); with "
           "`models` (a UnitModels), covered units take the forests' times and the timeline is "
-          "re-run with them; with `gnn` (a Gnn), end_to_end_s is the timeline's times "
+          "re-run with them (on a GPU generation outside a forest's range only with "
+          "extrapolate_forests); with `gnn` (a Gnn), end_to_end_s is the timeline's times "
           "exp(gnn_log_correction).")
       .def(
           "unit_graph",
           [](const TraceData& d, const GpuSpec& g, bool allow_tf32_matmul, bool allow_tf32_cudnn,
-             std::shared_ptr<const UnitModels> models, bool cudnn_benchmark) {
+             std::shared_ptr<const UnitModels> models, bool cudnn_benchmark,
+             bool extrapolate_forests) {
             const FeatureOptions o =
                 feature_options(allow_tf32_matmul, allow_tf32_cudnn, cudnn_benchmark);
             TraceCost c;
@@ -532,13 +536,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             {
               py::gil_scoped_release release;
               c = cost_trace(d, meta_device(), g, o);
-              if (models) lr = apply_unit_models(d, c, *models, g);
+              if (models) lr = apply_unit_models(d, c, *models, g, extrapolate_forests);
               graph = build_unit_graph(d, c, models ? &lr : nullptr, g);
             }
             return graph_to_python(c, graph);
           },
           py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,
           py::arg("models") = nullptr, py::arg("cudnn_benchmark") = false,
+          py::arg("extrapolate_forests") = false,
           "The GNN's input: {x: units x node_features, edges: E x 2 (producer, consumer), "
           "g: graph features, op: unit op ids, node_features, graph_features}.")
       .def(
@@ -716,9 +721,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<>())
       .def("add", &UnitModels::add, py::arg("kind"), py::arg("forest"), py::arg("features"),
            py::arg("clip_lo") = -4.0, py::arg("clip_hi") = 4.0, py::arg("scale") = 1.0,
-           py::arg("ops") = std::vector<std::string>{},
+           py::arg("ops") = std::vector<std::string>{}, py::arg("cc_major_lo") = 0,
+           py::arg("cc_major_hi") = 99,
            "A forest for units of `kind`; `ops` (ATen names) restricts it to the ops it was "
-           "fitted on (empty: every op of the kind).")
+           "fitted on (empty: every op of the kind); cc_major_lo..hi to the GPU generations it "
+           "was fitted on (compute-capability majors).")
       .def("kinds", &UnitModels::kinds);
   py::class_<Gnn, std::shared_ptr<Gnn>>(m, "Gnn")
       .def_readonly("source", &Gnn::source)

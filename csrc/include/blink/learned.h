@@ -47,6 +47,15 @@ struct UnitModel {
   // its kind. A layer-norm forest says nothing about a batch norm's kernel, so a unit whose op
   // is not listed keeps its analytic time.
   std::vector<std::string> ops;
+  // The compute-capability majors (GPU generations) the forest was fitted on, lo..hi. On a
+  // newer or older generation its GPU-spec splits send every unit to the leaves of the nearest
+  // trained chip (a Turing T4's for a Hopper GPU), a correction nothing measured: such units
+  // keep the analytic time unless the caller extrapolates on purpose (a GNN trained on the
+  // forests' output on that GPU). 0..99 (a card without the range): every generation.
+  int cc_major_lo = 0, cc_major_hi = 99;
+  bool covers_generation(int cc_major) const {
+    return cc_major >= cc_major_lo && cc_major <= cc_major_hi;
+  }
 };
 
 class UnitModels {
@@ -54,10 +63,12 @@ class UnitModels {
   // Adds the forest for units of `kind` (a unit_kind_name). Throws blink::Error naming the
   // forest's file when the kind is unknown or already has a model, a feature name is not an
   // input name, the number of names differs from the forest's num_features, the clip range
-  // is not finite with lo <= hi, scale is not in (0, 1], or an op name is empty.
+  // is not finite with lo <= hi, scale is not in (0, 1], an op name is empty, or the
+  // compute-capability major range is not 0 <= lo <= hi <= 99.
   void add(const std::string& kind, std::shared_ptr<const Forest> forest,
            const std::vector<std::string>& features, double clip_lo, double clip_hi,
-           double scale = 1.0, const std::vector<std::string>& ops = {});
+           double scale = 1.0, const std::vector<std::string>& ops = {}, int cc_major_lo = 0,
+           int cc_major_hi = 99);
   const UnitModel* find(UnitKind kind) const;  // nullptr when no model covers the kind
   std::vector<std::string> kinds() const;
   bool empty() const { return models_.empty(); }
@@ -70,14 +81,17 @@ struct LearnedResult {
   std::vector<double> analytic_s;  // per unit: the analytic time (before any correction)
   std::vector<double> log_ratio;   // per unit: clip(scale * p) applied; NaN where analytic was kept
   int64_t covered = 0;             // units whose time came from a forest
+  // units a forest lists but left analytic: the GPU's generation is outside the forest's range
+  int64_t other_generation = 0;
 };
 
 // Applies the models to a costed trace (`trace` the one it was costed from, for op names):
 // every unit with a model for its kind that lists its op, no feature error and a positive
-// analytic time gets time_s = analytic * exp(clip(scale * p)); then the issues'
+// analytic time gets time_s = analytic * exp(clip(scale * p)), provided the GPU's
+// compute-capability major is in the model's range or `extrapolate` is set; then the issues'
 // GPU times, the timeline and the totals are recomputed (retime_trace). lower_bound_s (the
 // roofline timeline) is unchanged.
 LearnedResult apply_unit_models(const TraceData& trace, TraceCost& cost, const UnitModels& models,
-                                const GpuSpec& gpu);
+                                const GpuSpec& gpu, bool extrapolate = false);
 
 }  // namespace blink
