@@ -484,9 +484,11 @@ def evaluate(data: str | Path | None = None, out: str | Path | None = None, *,
                 gpu_rows.append((f"{chip}:{ds.split('-')[0]}:{k}", int(m.sum()),
                                  _unit_metrics(t, res[k], m)))
     text.append(table("Per unit kind, leave-one-GPU-out (every row predicted by a forest that "
-                      "never saw its GPU chip; NeuSight as kernel time, its event floor taken "
-                      "off)", [(k + (" (not shipped)" if k in not_shipped else ""), n, m)
-                               for k, n, m in kind_rows], PREDICTORS_UNIT))
+                      "never saw its GPU chip, or analytic where that chip's generation is "
+                      "outside the other chips', as predict does; NeuSight as kernel time, its "
+                      "event floor taken off)",
+                      [(k + (" (not shipped)" if k in not_shipped else ""), n, m)
+                       for k, n, m in kind_rows], PREDICTORS_UNIT))
     text.append("Shrinkage (trees = analytic x exp(scale x forest)), chosen per held-out chip "
                 "on the other chips only:\n" + "\n".join(
                     f"  {k}: " + ", ".join(f"{c} {a:g}" for c, a in r["scales"].items())
