@@ -10,7 +10,8 @@ one's MAPE as a ratio of the roofline's, and the median predicted / measured rat
 
 - roofline, analytic: blink's unlearned times;
 - trees: the per-unit forests' timeline (predictor="trees"): they learned per-op kernels only
-  and never saw this GPU or a training step, so this is a held-out check of them;
+  and never saw this GPU or a training step, so this is a held-out check of them (the conv
+  forest, fitted on sm_6x-7x boards, stays off on this sm_86 GPU, as predict runs it);
 - correction: the training-step correction (what predict ships for AMP training steps on the
   RTX 3090, models/forest_model_train.json), here refitted without the model's family: its
   out-of-fold time over 5 folds of held-out families of the training-step cache
