@@ -329,9 +329,15 @@ def test_logo_leaves_a_gpu_generation_its_forest_never_saw_analytic(small_tables
     lg = logo(t, rounds=30, scale=1.0)
     a100 = t.chip == "A100-40GB"
     assert a100.sum() >= 100
-    assert np.all(lg.raw[a100] == 0.0)
+    assert np.array_equal(lg.gated, a100)  # the other chips are inside 6..8 or 6..7
     assert np.all(lg.pred_s[a100] == t.analytic_s[a100])
-    assert np.mean(lg.raw[~a100] != 0.0) > 0.9  # the other chips are inside 6..8 or 6..7
+    assert np.mean(lg.pred_s[~a100] != t.analytic_s[~a100]) > 0.9
+    # the forest's own output is kept for the scale choice and the ship rule's transfer test
+    assert np.mean(lg.raw[a100] != 0.0) > 0.9
+    ns = nested_shrink(t, lg, PairForests(t, 30))
+    assert np.all(ns.trees_s[a100] == t.analytic_s[a100])
+    assert np.mean(ns.trees_ungated_s[a100] != t.analytic_s[a100]) > 0.9
+    assert np.array_equal(ns.trees_s[~a100], ns.trees_ungated_s[~a100])
     # the nested calibration forests that choose the shrinkage learn from every transfer: one
     # fitted on sm_70 .. sm_80 boards still corrects the P100 (sm_60)
     assert np.mean(PairForests(t, 30).raw_on("P100", "P4") != 0.0) > 0.9
@@ -354,12 +360,16 @@ def test_logo_chooses_its_scale_on_held_out_predictions(small_tables):
     t = small_tables["elementwise"]
     lg = logo(t, rounds=30, scale=None)
     assert lg.scale in SCALE_GRID
-    best = F.metrics(lg.pred_s, t.measured_s)["mape"]
+    # chosen on every held-out output, the held-out A100's (gated in pred_s) included
+    best = F.metrics(F.shrunk_s(t.analytic_s, lg.raw, lg.scale), t.measured_s)["mape"]
     for a in SCALE_GRID:
         assert best <= F.metrics(F.shrunk_s(t.analytic_s, lg.raw, a), t.measured_s)["mape"]
-    # pred_s is the raw held-out output shrunk and clipped as the core does it
+    # pred_s is the raw held-out output shrunk and clipped as the core does it, analytic where
+    # the held-out chip's generation is outside its fold's
+    assert lg.gated.any()
     np.testing.assert_allclose(
-        lg.pred_s, t.analytic_s * np.exp(np.clip(lg.scale * lg.raw, *F.CLIP)), rtol=1e-12)
+        lg.pred_s, t.analytic_s * np.exp(np.clip(lg.scale * np.where(lg.gated, 0.0, lg.raw),
+                                                 *F.CLIP)), rtol=1e-12)
 
 
 def test_nested_shrinkage_never_looks_at_the_held_out_gpu(small_tables):

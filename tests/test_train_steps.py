@@ -191,10 +191,12 @@ def test_predict_applies_the_training_step_correction_only_where_it_was_trained(
 @shipped
 def test_trees_predictor_keeps_the_unit_forests_and_drops_end_to_end_models():
     """predictor="trees" is the per-unit estimate: the same unit times as "auto", and the end
-    to end time is their timeline's, without the training-step correction (or the GNN)."""
+    to end time is their timeline's, without the training-step correction (or the GNN). A
+    ConvNeXt: its layer norms are units the layer-norm forest (sm_6x-8x) times on the RTX 3090;
+    a ResNet's convolutions would stay analytic there (the conv forest is sm_6x-7x)."""
     import blink
 
-    t = blink.trace_model("timm:resnet18", batch_size=32, dtype="amp-fp16", mode="train",
+    t = blink.trace_model("timm:convnext_atto", batch_size=32, dtype="amp-fp16", mode="train",
                           optimizer="sgd")
     auto = blink.predict_trace(t, "RTX3090")
     trees = blink.predict_trace(t, "RTX3090", predictor="trees")

@@ -131,25 +131,32 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
             lg.scale = 1.0
         lg.pred_s = ns.trees_s
         ana_mape = metrics(t.analytic_s, t.measured_s)["mape"]
-        tree_mape = metrics(lg.pred_s, t.measured_s)["mape"]
+        # Judged twice: as predict runs the forest (analytic on a held-out chip of a generation
+        # its fold never saw) and applied everywhere. The second is the transfer test the gate
+        # would otherwise hide: a forest fitted on sm_6x-7x that hurts the held-out sm_80 chip
+        # must not ship with a range that reaches sm_8x because the full fit saw that chip.
+        variants = {"trees": lg.pred_s, "trees_every_generation": ns.trees_ungated_s}
+        tree_mape = max(metrics(v, t.measured_s)["mape"] for v in variants.values())
         by_ds = {}
         for ds in sorted(set(t.dataset.tolist())):
             m = t.dataset == ds
             if m.sum() >= MIN_DATASET_ROWS:
-                by_ds[ds] = {"analytic": _m(metrics(t.analytic_s[m], t.measured_s[m])),
-                             "trees": _m(metrics(lg.pred_s[m], t.measured_s[m]))}
+                by_ds[ds] = {"analytic": _m(metrics(t.analytic_s[m], t.measured_s[m]))}
+                for name, v in variants.items():
+                    by_ds[ds][name] = _m(metrics(v[m], t.measured_s[m]))
         worse = [ds for ds, d in by_ds.items()
-                 if not d["trees"]["mape"] < d["analytic"]["mape"]]
+                 if not max(d[n]["mape"] for n in variants) < d["analytic"]["mape"]]
         gains = tree_mape < (1.0 - MIN_GAIN) * ana_mape
         if not gains or worse:
             # Shipped only where the trees beat the analytic model on GPUs they never saw, by
             # MIN_GAIN overall and in every data set they learned from (one set's protocol or
-            # software must not win by outnumbering another's).
-            why = (f"LOGO MAPE trees {tree_mape:.2f}% is not {100 * MIN_GAIN:g}% below "
+            # software must not win by outnumbering another's), gated and applied everywhere.
+            why = (f"LOGO MAPE trees {tree_mape:.2f}% (the worse of gated and every "
+                   f"generation) is not {100 * MIN_GAIN:g}% below "
                    f"analytic {ana_mape:.2f}% (scale {lg.scale:g})"
                    if not gains else
                    "worse than analytic on held-out GPUs of " + ", ".join(
-                       f"{ds} ({by_ds[ds]['trees']['mape']:.1f}% vs "
+                       f"{ds} ({max(by_ds[ds][n]['mape'] for n in variants):.1f}% vs "
                        f"{by_ds[ds]['analytic']['mape']:.1f}%)" for ds in worse))
             say(f"{kind}: {why}: not shipped, stays analytic")
             not_shipped[kind] = {"rows": len(t), "analytic_mape": _r(ana_mape, 3),
@@ -161,7 +168,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         f.scale = lg.scale
         fname = f"forest_{kind}.json"
         f.booster.save_model(str(out_dir / fname))
-        r = np.abs(lg.log_residuals(t))
+        # Per-unit intervals go only to units a forest timed: calibrated on those rows.
+        r = np.abs(lg.log_residuals(t))[~lg.gated]
         q = conformal_q(r, COVERAGE)
         conformal_units[kind] = {"q": _r(q, 6), "n": int(r.size)}
         per_chip = {}
@@ -192,6 +200,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
                         "analytic": _m(metrics(t.analytic_s, t.measured_s)),
                         "trees": _m(metrics(lg.pred_s, t.measured_s, q)),
                         "trees_scale_1": _m(metrics(ns.whole_s, t.measured_s)),
+                        # every forest applied, gated rows included (the ship rule's other half)
+                        "trees_every_generation": _m(metrics(ns.trees_ungated_s, t.measured_s)),
                         "by_dataset": by_ds, "by_held_out_gpu": per_chip},
         }
         say(f"{kind}: {len(t)} rows, {len(chips)} GPUs, LOGO MAPE analytic "

@@ -236,6 +236,9 @@ def load_graphs(path: Path | None = None, models_dir: Path | None = None,
     if nf != node_feature_names() or gf != graph_feature_names():
         raise ValueError(f"{path}: built with other GNN features than this blink computes; "
                          "rebuild with `python -m blink.train.timm_graphs`")
+    if "forests_ms" not in d:
+        raise ValueError(f"{path}: built before the forests' GPU-generation range (no "
+                         "forests_ms); rebuild with `python -m blink.train.timm_graphs`")
     if models_dir is not None and prov.get("forests_sha256") != forest_hashes(models_dir,
                                                                               forests):
         raise ValueError(f"{path}: its 'trees' graphs were built with other forests than "
@@ -252,9 +255,6 @@ def load_graphs(path: Path | None = None, models_dir: Path | None = None,
     xt = xa.copy()
     xt[:, [nf.index(c) for c in TREE_COLUMNS]] = d["trees_columns"]
     edges = np.cumsum(d["edges_delta"].astype(np.int64), axis=0)
-    if "forests_ms" not in d:
-        raise ValueError(f"{path}: built before the forests' GPU-generation range (no "
-                         "forests_ms); rebuild with `python -m blink.train.timm_graphs`")
     return GraphSet(d["model"].astype(str), d["batch_img"], d["node_offsets"],
                     d["edge_offsets"], edges, {"analytic": xa, "trees": xt},
                     {v: d[f"g_{v}"] for v in VARIANTS}, nf, gf, prov,

@@ -43,14 +43,12 @@ def cc_major_range(t: KindTable, rows: np.ndarray | None = None) -> tuple[int, i
     return int(mj.min()), int(mj.max())
 
 
-def gate_generations(t: KindTable, raw: np.ndarray, train: np.ndarray,
-                     rows: np.ndarray) -> None:
-    """Zero (analytic time) the out-of-fold outputs `raw` on `rows` whose GPU generation lies
-    outside the one the forest fitted on `train` covers, as predict does with a shipped
-    forest's card range."""
+def gate_generations(t: KindTable, train: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The rows of `rows` whose GPU generation lies outside the ones a forest fitted on `train`
+    covers: predict leaves them analytic under a shipped forest's card range."""
     lo, hi = cc_major_range(t, train)
     mj = _majors(t)
-    raw[rows & ((mj < lo) | (mj > hi))] = 0.0
+    return rows & ((mj < lo) | (mj > hi))
 
 
 @dataclass
@@ -61,6 +59,9 @@ class LogoResult:
     chips: list[str]
     pred_s: np.ndarray                       # trees, out of fold, at the chosen scale
     raw: np.ndarray                          # the forests' own outputs, out of fold
+    # rows whose chip's generation is outside its fold's training chips' (gate_generations):
+    # pred_s keeps them analytic, as predict would; raw still holds the forest's output
+    gated: np.ndarray
     scale: float = 1.0
     forests: dict[str, Forest] = field(default_factory=dict)
 
@@ -104,21 +105,24 @@ def logo_splits(t: KindTable) -> list[tuple[str, np.ndarray, np.ndarray]]:
 def logo(t: KindTable, rounds: int | None = None, keep_forests: bool = False,
          scale: float | None = 1.0) -> LogoResult:
     """Fit one forest per held-out chip on the other chips' rows. pred_s is at `scale`, or at
-    choose_scale's value over all the held-out predictions when scale is None."""
+    choose_scale's value over all the held-out predictions when scale is None; it is analytic
+    on the rows `gated` marks. The scale is chosen on every held-out output, gated or not: a
+    shrinkage of transferred corrections learns from every transfer the data holds."""
     chips = sorted(set(t.chip.tolist()))
     raw = np.full(len(t), math.nan)
-    res = LogoResult(t.kind, chips, np.full(len(t), math.nan), raw)
+    gated = np.zeros(len(t), dtype=bool)
+    res = LogoResult(t.kind, chips, np.full(len(t), math.nan), raw, gated)
     if len(chips) < 2:
         return res
     for c, train, test in logo_splits(t):
         kw = {} if rounds is None else {"rounds": rounds}
         f = fit_forest(t.subset(train), **kw)
         raw[test] = f.raw_log_ratio(t.X[test])
-        gate_generations(t, raw, train, test)
+        gated |= gate_generations(t, train, test)
         if keep_forests:
             res.forests[c] = f
     res.scale = choose_scale(t, raw) if scale is None else float(scale)
-    res.pred_s = shrunk_s(t.analytic_s, raw, res.scale)
+    res.pred_s = shrunk_s(t.analytic_s, np.where(gated, 0.0, raw), res.scale)
     for f in res.forests.values():
         f.scale = res.scale
     return res
@@ -150,7 +154,7 @@ class PairForests:
         cal = self.t.chip == h
         if f is None:
             return np.full(int(cal.sum()), math.nan)
-        # Not gated by GPU generation (as logo's held-out outputs are): the shrinkage learns
+        # Not gated by GPU generation (logo's reported predictions are): the shrinkage learns
         # from every transfer the data holds. Gated, the conv forest's calibration lost every
         # Pascal -> Volta / Turing row, chose scale 1, and its held-out MAPE went 22.2 -> 23.0%.
         return f.raw_log_ratio(self.t.X[cal])
@@ -174,11 +178,20 @@ class NestedShrink:
     shrinks: bool      # whether shrinking beats the whole forest on held-out GPUs
     # per held-out chip c: every other row as predicted by a forest that saw neither it nor c
     others: dict[str, np.ndarray]
+    # pred_s and whole_s are analytic on the LOGO's gated rows; these are not
+    pred_ungated_s: np.ndarray
+    whole_ungated_s: np.ndarray
 
     @property
     def trees_s(self) -> np.ndarray:
         """What blink train ships, held out: shrunk where shrinking wins, else whole."""
         return self.pred_s if self.shrinks else self.whole_s
+
+    @property
+    def trees_ungated_s(self) -> np.ndarray:
+        """trees_s with every forest applied, on the GPU generations it never saw too: the
+        transfer test a forest must pass to ship (blink.train.pipeline)."""
+        return self.pred_ungated_s if self.shrinks else self.whole_ungated_s
 
 
 def nested_shrink(t: KindTable, lg: LogoResult, pairs: PairForests) -> NestedShrink:
@@ -187,6 +200,8 @@ def nested_shrink(t: KindTable, lg: LogoResult, pairs: PairForests) -> NestedShr
     procedure beats the unshrunk forest over all chips by MIN_SHRINK_GAIN: where it does not (a
     correction that transfers whole), the forest is used whole."""
     pred = np.full(len(t), math.nan)
+    pred_u = np.full(len(t), math.nan)
+    raw_g = np.where(lg.gated, 0.0, lg.raw)
     scales: dict[str, float] = {}
     others: dict[str, np.ndarray] = {}
     for c in lg.chips:
@@ -194,8 +209,11 @@ def nested_shrink(t: KindTable, lg: LogoResult, pairs: PairForests) -> NestedShr
         others[c] = raw_other = pairs.others(c, lg.chips)
         cal = ~test & np.isfinite(raw_other)
         scales[c] = choose_scale(t, raw_other, cal) if cal.any() else 1.0
-        pred[test] = shrunk_s(t.analytic_s[test], lg.raw[test], scales[c])
-    whole = shrunk_s(t.analytic_s, lg.raw, 1.0)
-    shrinks = (metrics(pred, t.measured_s)["mape"]
-               < (1.0 - MIN_SHRINK_GAIN) * metrics(whole, t.measured_s)["mape"])
-    return NestedShrink(pred, whole, scales, bool(shrinks), others)
+        pred[test] = shrunk_s(t.analytic_s[test], raw_g[test], scales[c])
+        pred_u[test] = shrunk_s(t.analytic_s[test], lg.raw[test], scales[c])
+    whole = shrunk_s(t.analytic_s, raw_g, 1.0)
+    whole_u = shrunk_s(t.analytic_s, lg.raw, 1.0)
+    # Decided with every forest applied, as the scale is chosen.
+    shrinks = (metrics(pred_u, t.measured_s)["mape"]
+               < (1.0 - MIN_SHRINK_GAIN) * metrics(whole_u, t.measured_s)["mape"])
+    return NestedShrink(pred, whole, scales, bool(shrinks), others, pred_u, whole_u)
