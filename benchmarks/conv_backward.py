@@ -24,8 +24,6 @@ analytic 1.099; `python -m blink.train.timm_cache --mode train` rebuilds that ca
 """
 from __future__ import annotations
 
-import csv
-import gzip
 import statistics
 import sys
 from collections import defaultdict
@@ -116,8 +114,8 @@ def main() -> int:
         print()
     cache = REPO / "data" / "derived" / timm_cache.TRAIN_CACHE_NAME
     if cache.is_file():
-        with gzip.open(cache, "rt", newline="") as fh:
-            pairs = [(float(r["measured_ms"]), float(r["time_ms"])) for r in csv.DictReader(fh)]
+        pairs = [(float(r["measured_ms"]), float(r["time_ms"]))
+                 for r in timm_cache.load_cache(cache, mode="train")]
         ratios = sorted(t / p for t, p in pairs)
         print(f"check: timm-rtx3090 training steps ({cache.name}, {len(pairs)} models): analytic "
               f"MAPE {_mape(pairs):.1f}%, median measured / analytic "

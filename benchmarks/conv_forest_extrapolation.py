@@ -105,18 +105,17 @@ def ungated_models_dir(where: Path, t=None, feats: list[str] | None = None,  # n
     from blink.collect.dataset import sha256_file
     from blink.train import fit
 
-    out = where
-    shutil.copytree(REPO / "models", out)
-    card = json.loads((out / "card.json").read_text())
+    shutil.copytree(REPO / "models", where)
+    card = json.loads((where / "card.json").read_text())
     entry = card["forests"]["conv"]
     entry.pop("cc_major_range", None)
     if feats is not None:
         forest = fit.fit_forest(_with_features(t, feats))
-        forest.booster.save_model(str(out / "forest_conv.json"))
+        forest.booster.save_model(str(where / "forest_conv.json"))
         entry.update(features=list(feats), scale=scale,
-                     sha256=sha256_file(out / "forest_conv.json"))
-    (out / "card.json").write_text(json.dumps(card, indent=1))
-    return out
+                     sha256=sha256_file(where / "forest_conv.json"))
+    (where / "card.json").write_text(json.dumps(card, indent=1))
+    return where
 
 
 def timm_rows() -> list[dict[str, object]]:

@@ -36,18 +36,18 @@ def _majors(t: KindTable) -> np.ndarray:
     return np.array([by[g] for g in t.gpu.tolist()], dtype=np.int64)
 
 
-def cc_major_range(t: KindTable, rows: np.ndarray | None = None) -> tuple[int, int]:
-    """(lo, hi) compute-capability majors of the GPUs of `rows` (default all): the GPU
-    generations a forest fitted on them covers (blink::UnitModel::cc_major_lo)."""
-    mj = _majors(t) if rows is None else _majors(t)[rows]
+def cc_major_range(t: KindTable) -> tuple[int, int]:
+    """(lo, hi) compute-capability majors of the table's GPUs: the GPU generations a forest
+    fitted on it covers (blink::UnitModel::cc_major_lo)."""
+    mj = _majors(t)
     return int(mj.min()), int(mj.max())
 
 
 def gate_generations(t: KindTable, train: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The rows of `rows` whose GPU generation lies outside the ones a forest fitted on `train`
     covers: predict leaves them analytic under a shipped forest's card range."""
-    lo, hi = cc_major_range(t, train)
     mj = _majors(t)
+    lo, hi = mj[train].min(), mj[train].max()
     return rows & ((mj < lo) | (mj > hi))
 
 
@@ -199,9 +199,7 @@ def nested_shrink(t: KindTable, lg: LogoResult, pairs: PairForests) -> NestedShr
     that saw neither that chip nor c, applied to c's held-out output. `shrinks` says whether that
     procedure beats the unshrunk forest over all chips by MIN_SHRINK_GAIN: where it does not (a
     correction that transfers whole), the forest is used whole."""
-    pred = np.full(len(t), math.nan)
     pred_u = np.full(len(t), math.nan)
-    raw_g = np.where(lg.gated, 0.0, lg.raw)
     scales: dict[str, float] = {}
     others: dict[str, np.ndarray] = {}
     for c in lg.chips:
@@ -209,10 +207,11 @@ def nested_shrink(t: KindTable, lg: LogoResult, pairs: PairForests) -> NestedShr
         others[c] = raw_other = pairs.others(c, lg.chips)
         cal = ~test & np.isfinite(raw_other)
         scales[c] = choose_scale(t, raw_other, cal) if cal.any() else 1.0
-        pred[test] = shrunk_s(t.analytic_s[test], raw_g[test], scales[c])
         pred_u[test] = shrunk_s(t.analytic_s[test], lg.raw[test], scales[c])
-    whole = shrunk_s(t.analytic_s, raw_g, 1.0)
     whole_u = shrunk_s(t.analytic_s, lg.raw, 1.0)
+    # As predict runs them: analytic on the gated rows.
+    pred = np.where(lg.gated, t.analytic_s, pred_u)
+    whole = np.where(lg.gated, t.analytic_s, whole_u)
     # Decided with every forest applied, as the scale is chosen.
     shrinks = (metrics(pred_u, t.measured_s)["mape"]
                < (1.0 - MIN_SHRINK_GAIN) * metrics(whole_u, t.measured_s)["mape"])
