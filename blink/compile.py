@@ -57,7 +57,8 @@ def compiled_units(native: Any, gspec: Any, eager_units: list[Any], allow_tf32_m
                     names.append(n)
             label = f"fused[{len(members)}]: " + "+".join(names)
             row = UnitRow(first.op_id, label, first.module, first.phase, "fused", time_s * 1e3,
-                          time_s * 1e3, flops, nbytes, 1, first.math_mode, "analytic")
+                          time_s * 1e3, flops, nbytes, 1, first.math_mode, "analytic",
+                          fallback="no_forest")
         else:
             row = first
         units.append(row)

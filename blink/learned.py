@@ -160,14 +160,6 @@ class ForestEntry:
     # the compute-capability majors (GPU generations) it was fitted on; None: every generation
     cc_major_range: tuple[int, int] | None = None
 
-    def covers_op(self, op_name: str) -> bool:
-        """Whether the forest was fitted on op_name's kernel (the C++ core's op-key match)."""
-        return not self.ops or _C.unit_model_op_key(op_name) in self.ops
-
-    def covers_generation(self, compute_capability: tuple[int, int]) -> bool:
-        lo, hi = self.cc_major_range or (0, 99)
-        return lo <= compute_capability[0] <= hi
-
 
 @dataclass
 class LearnedModels:

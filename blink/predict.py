@@ -81,6 +81,10 @@ class UnitRow:
     analytic_ms: float | None = None  # the analytic time, before any learned correction
     lower_ms: float | None = None     # per-unit conformal interval (trees units with a table)
     upper_ms: float | None = None
+    # Why an analytic unit was not timed by a forest (the C++ core decides: blink::Fallback):
+    # "no_forest" (none for its kind, or no models), "op_not_fitted" (its forest never saw the
+    # op), "other_generation" (the GPU's generation is outside its forest's); "" for trees.
+    fallback: str = ""
 
 
 @dataclass
@@ -633,9 +637,6 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     # generation they never saw included: it gets them so. Without it, such units keep the
     # analytic time (blink/learned.h, UnitModel::cc_major_lo).
     extrapolate = gnn is not None
-    other_gen = ({k for k, e in models.forests.items()
-                  if not e.covers_generation(spec.compute_capability)}
-                 if unit_models is not None and not extrapolate else set())
     used = host_time if t.has_timestamps else "table"
     if used != host_time:
         notes.append("the trace has no timestamps (format 2): host time from the table")
@@ -665,7 +666,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
     outside: dict[str, dict[str, int]] = {}  # kind -> op -> units its forest was not fitted on
     gated: dict[str, int] = {}  # kind -> units left analytic: a GPU generation its forest never saw
     for (op_id, kind, time_s, roof_s, flops, br, bw, kernels, _matched, math, err,
-         (name, module, phase), source, analytic_s, _log_ratio) in cost["units"]:
+         (name, module, phase), source, analytic_s, _log_ratio, fallback) in cost["units"]:
         if err:
             failed += 1
         lo = hi = None
@@ -674,15 +675,14 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
             q = unit_quantile(models, kind) if models is not None else None
             if q is not None:
                 lo, hi = time_s * 1e3 * exp(-q), time_s * 1e3 * exp(q)
-        elif (not err and unit_models is not None and kind in models.forests
-              and not models.forests[kind].covers_op(name)):
+        elif fallback == "op_not_fitted":
             ops = outside.setdefault(kind, {})
             ops[name] = ops.get(name, 0) + 1
-        elif not err and kind in other_gen and analytic_s > 0:
+        elif fallback == "other_generation":
             gated[kind] = gated.get(kind, 0) + 1
         units.append(UnitRow(op_id, name, module, PHASES[phase], kind, time_s * 1e3,
                              roof_s * 1e3, flops, br + bw, int(kernels), math, source, err,
-                             analytic_s * 1e3, lo, hi))
+                             analytic_s * 1e3, lo, hi, "" if source == "trees" else fallback))
     if by_trees and models is not None:
         covered = ", ".join(f"{k} {n}" for k, n in sorted(by_trees.items()))
         notes.append(f"unit times from {models.describe()}: {covered} units; the rest analytic")

@@ -212,6 +212,10 @@ def test_forest_corrects_only_the_ops_it_was_fitted_on(tmp_path, monkeypatch):
             assert u.source == "trees" and u.time_ms > 1.5 * u.analytic_ms
     for u in by_op["aten::cudnn_batch_norm"]:
         assert u.kind == "norm" and u.source == "analytic" and u.time_ms == u.analytic_ms
+        assert u.fallback == "op_not_fitted"  # the core's reason, per unit
+    assert all(u.fallback == "" for op in ("aten::native_layer_norm", "aten::relu_")
+               for u in by_op[op])
+    assert all(u.fallback == "no_forest" for u in p.units if u.kind in ("conv", "copy"))
     assert any("norm units the norm trees were not fitted on keep the analytic time: "
                "aten::cudnn_batch_norm 1 (the trees saw aten::native_layer_norm)" in n
                for n in p.notes), p.notes
@@ -237,6 +241,8 @@ def test_forest_leaves_a_gpu_generation_it_never_saw_analytic(traces, tmp_path, 
     convs = [u for u in a100.units if u.kind == "conv"]
     assert len(convs) >= 15
     assert all(u.source == "analytic" and u.time_ms == u.analytic_ms for u in convs)
+    assert all(u.fallback == "other_generation" for u in convs)
+    assert all(u.fallback == "no_forest" for u in a100.units if u.kind != "conv")
     assert a100.predictor == "analytic" and a100.time_ms == analytic.time_ms
     assert any(f"conv units keep the analytic time ({len(convs)}): the conv trees were fitted "
                "on sm_6x to sm_7x GPUs only, and A100-80GB is sm_80" in n
@@ -248,7 +254,7 @@ def test_forest_leaves_a_gpu_generation_it_never_saw_analytic(traces, tmp_path, 
     x = rows["rows"][[i for i, k in enumerate(rows["kind"]) if k == "conv"]][:, cols]
     want = iter(conv.predict(xgb.DMatrix(x)))
     for u in (u for u in t4.units if u.kind == "conv"):
-        assert u.source == "trees"
+        assert u.source == "trees" and u.fallback == ""
         assert u.time_ms == pytest.approx(u.analytic_ms * math.exp(next(want)), rel=1e-5)
     assert not any("keep the analytic time" in n for n in t4.notes)
     # extrapolating on purpose, the core applies it on the A100 too
@@ -261,6 +267,9 @@ def test_forest_leaves_a_gpu_generation_it_never_saw_analytic(traces, tmp_path, 
     forced = t.native().cost(spec, models=um, extrapolate_forests=True)
     assert gated["forest_other_generation_units"] == len(convs)
     assert forced["forest_other_generation_units"] == 0
+    # the binding's per-unit reason (its last field) agrees with the count
+    assert sum(u[-1] == "other_generation" for u in gated["units"]) == len(convs)
+    assert {u[-1] for u in forced["units"] if u[1] == "conv"} == {""}
     assert forced["gpu_busy_s"] != pytest.approx(gated["gpu_busy_s"], rel=1e-3)
     assert gated["gpu_busy_s"] == pytest.approx(analytic.gpu_busy_ms / 1e3, rel=1e-12)
 

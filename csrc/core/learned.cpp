@@ -141,12 +141,23 @@ std::vector<std::string> UnitModels::kinds() const {
   return out;
 }
 
+const char* fallback_name(Fallback f) {
+  switch (f) {
+    case Fallback::kNone: return "";
+    case Fallback::kNoForest: return "no_forest";
+    case Fallback::kOpNotFitted: return "op_not_fitted";
+    case Fallback::kOtherGeneration: return "other_generation";
+  }
+  return "no_forest";
+}
+
 LearnedResult apply_unit_models(const TraceData& trace, TraceCost& cost, const UnitModels& models,
                                 const GpuSpec& gpu, bool extrapolate) {
   LearnedResult r;
   const size_t n = cost.units.size();
   r.analytic_s.resize(n);
   r.log_ratio.assign(n, std::numeric_limits<double>::quiet_NaN());
+  r.fallback.assign(n, Fallback::kNoForest);
   std::vector<double> row;
   for (size_t i = 0; i < n; ++i) {
     UnitCost& u = cost.units[i];
@@ -162,9 +173,13 @@ LearnedResult apply_unit_models(const TraceData& trace, TraceCost& cost, const U
       const std::string key = name >= 0 && static_cast<size_t>(name) < trace.names.size()
                                   ? unit_model_op_key(trace.names[static_cast<size_t>(name)])
                                   : std::string();
-      if (std::find(m->ops.begin(), m->ops.end(), key) == m->ops.end()) continue;
+      if (std::find(m->ops.begin(), m->ops.end(), key) == m->ops.end()) {
+        r.fallback[i] = Fallback::kOpNotFitted;
+        continue;
+      }
     }
     if (!extrapolate && !m->covers_generation(gpu.cc_major)) {
+      r.fallback[i] = Fallback::kOtherGeneration;
       ++r.other_generation;
       continue;
     }
@@ -176,6 +191,7 @@ LearnedResult apply_unit_models(const TraceData& trace, TraceCost& cost, const U
     const double sp = m->scale * p;
     const double q = std::isfinite(sp) ? std::min(std::max(sp, m->clip_lo), m->clip_hi) : 0.0;
     r.log_ratio[i] = q;
+    r.fallback[i] = Fallback::kNone;
     u.time_s *= std::exp(q);
     ++r.covered;
   }

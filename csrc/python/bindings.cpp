@@ -315,9 +315,11 @@ py::dict features_to_python(const UnitFeatures& f) {
 }
 
 // Units: (op, kind, time_s, roofline_s, flops, bytes_read, bytes_written, kernels, matched,
-// math_mode, error, (name, module, phase), source, analytic_s, log_ratio). source is "trees"
-// where a unit model set time_s, else "analytic" ("none" when features failed); log_ratio is
-// the applied log(time / analytic), NaN for analytic units.
+// math_mode, error, (name, module, phase), source, analytic_s, log_ratio, fallback). source is
+// "trees" where a unit model set time_s, else "analytic" ("none" when features failed);
+// log_ratio is the applied log(time / analytic), NaN for analytic units; fallback says why an
+// analytic unit was not timed by a forest (fallback_name: "" for trees units, "no_forest"
+// without models).
 py::dict cost_to_python(const TraceData& t, const TraceCost& c,
                         const LearnedResult* lr = nullptr) {
   py::list units;
@@ -328,10 +330,12 @@ py::dict cost_to_python(const TraceData& t, const TraceCost& c,
     const double q = lr != nullptr ? lr->log_ratio[i] : nan;
     const char* source = !u.error.empty() ? "none" : (std::isnan(q) ? "analytic" : "trees");
     const double analytic = lr != nullptr ? lr->analytic_s[i] : u.time_s;
+    const char* fallback =
+        fallback_name(lr != nullptr ? lr->fallback[i] : Fallback::kNoForest);
     units.append(py::make_tuple(u.op, unit_kind_name(f.kind), u.time_s, u.roofline_s, f.flops,
                                 f.bytes_read, f.bytes_written, f.kernels, f.matched,
                                 math_mode_name(f.math_mode), u.error, op_label(t, u.op), source,
-                                analytic, q));
+                                analytic, q, fallback));
   }
   py::list issues;
   for (size_t i = 0; i < c.issues.size(); ++i) {

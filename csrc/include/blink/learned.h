@@ -77,9 +77,21 @@ class UnitModels {
   std::vector<UnitModel> models_;
 };
 
+// Why a unit kept its analytic time (LearnedResult::fallback); kNone where a forest timed it.
+// The one place the decision is made: predict reports these per unit and counts them in its
+// notes rather than re-deriving them.
+enum class Fallback : uint8_t {
+  kNone = 0,
+  kNoForest,         // no forest for the unit's kind (or a failed / zero-time unit)
+  kOpNotFitted,      // the kind's forest lists ops and the unit's op is not among them
+  kOtherGeneration,  // the GPU's compute-capability major is outside the forest's range
+};
+const char* fallback_name(Fallback f);  // "", "no_forest", "op_not_fitted", "other_generation"
+
 struct LearnedResult {
   std::vector<double> analytic_s;  // per unit: the analytic time (before any correction)
   std::vector<double> log_ratio;   // per unit: clip(scale * p) applied; NaN where analytic was kept
+  std::vector<Fallback> fallback;  // per unit: why it kept the analytic time (kNone: a forest's)
   int64_t covered = 0;             // units whose time came from a forest
   // units a forest lists but left analytic: the GPU's generation is outside the forest's range
   int64_t other_generation = 0;
