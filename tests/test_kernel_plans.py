@@ -122,6 +122,47 @@ def test_narrow_output_channels_run_a_narrow_tile(gpu):
     assert g["tile_n"] >= 64
 
 
+@pytest.mark.parametrize("gpu", ["RTX3090", "A100-40GB"])
+def test_implicit_gemm_address_math_hides_behind_half_rate_mmas(gpu):
+    # A 1x1 fp16 channels-last convolution is the GEMM (N*H*W) x C x K; cuDNN's implicit GEMM
+    # pays kConvVsGemmEfficiency (0.85) for its address math on top of cuBLAS's main loop. On
+    # a GeForce sm_86 board, FP32-accumulate MMAs take twice the clocks of the architecture's
+    # full rate (1024 dense FLOP per clock per SM), so half of that loss hides behind them:
+    # 1 - 0.15 / 2. The A100 runs them at full rate and pays it whole. The backward passes
+    # keep it whole on both (no cuDNN 9 backward times to check a relief on).
+    g = get_gpu(gpu)
+    per_sm_clock = g.peak_flops["fp16"] / (g.sm_count * g.boost_clock_mhz * 1e6)
+    full_rate = 2048.0 if g.compute_capability == (8, 0) else 1024.0
+    relief = max(1.0, full_rate / per_sm_clock)
+    assert (relief > 1.9) == (gpu == "RTX3090") and (relief == 1.0) == (gpu != "RTX3090")
+    n, c, h, k = 32, 2048, 28, 2048  # compute-bound on both (kGemmDramEfficiency aside)
+    fwd = conv(n, c, h, h, k, 1, dt=F16, cl=True, gpu=gpu)
+    gemm = mm(n * h * h, c, k, dt=F16, gpu=gpu)
+    assert (fwd["tile_m"], fwd["tile_n"]) == (gemm["tile_m"], gemm["tile_n"])
+    assert fwd["kernel_compute_s"] / gemm["kernel_compute_s"] == pytest.approx(
+        1.0 / (1.0 - 0.15 / relief), rel=1e-6)
+    # a grouped convolution (two groups of 1024 channels: a batch of two such GEMMs) keeps the
+    # whole loss, relieved or not
+    grouped = conv(n, c, h, h, k, 1, groups=2, dt=F16, cl=True, gpu=gpu)
+    per_group = mm(n * h * h, c // 2, k // 2, dt=F16, gpu=gpu, batch=2)
+    assert (grouped["tile_m"], grouped["tile_n"]) == (per_group["tile_m"], per_group["tile_n"])
+    assert grouped["kernel_compute_s"] / per_group["kernel_compute_s"] == pytest.approx(
+        1 / 0.85, rel=1e-6)
+    # grad_input of the same convolution: the GEMM (N*H*W) x K x C, unrelieved
+    cl = dict(channels_last=True)
+    dgrad = unit_features(
+        "aten::convolution_backward",
+        [tensor((n, k, h, h), F16, -1, **cl), tensor((n, c, h, h), F16, -2, **cl),
+         tensor((k, c, 1, 1), F16, -3, **cl), (NONE, None), (INTL, [1, 1]), (INTL, [0, 0]),
+         (INTL, [1, 1]), (BOOL, False), (INTL, [0, 0]), (INT, 1), (INTL, [1, 0, 0])],
+        [tensor((n, c, h, h), F16, 2, **cl), (NONE, None), (NONE, None)], gpu)
+    back = mm(n * h * h, k, c, dt=F16, gpu=gpu)
+    assert dgrad["math_mode"] == "fp16_tc"
+    assert (dgrad["tile_m"], dgrad["tile_n"]) == (back["tile_m"], back["tile_n"])
+    assert dgrad["kernel_compute_s"] / back["kernel_compute_s"] == pytest.approx(1 / 0.85,
+                                                                                 rel=1e-6)
+
+
 def test_nchw_half_conv_pays_layout_transposes():
     n, c, h, k = 32, 256, 28, 256
     nhwc = conv(n, c, h, h, k, 3, dt=F16, cl=True)

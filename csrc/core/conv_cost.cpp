@@ -91,7 +91,11 @@ GemmProblem implicit_gemm(const Geometry& s, Pass pass, MathMode mode, int dtype
   p.mode = mode;
   p.dtype = dtype;
   p.batch = s.g;
-  p.efficiency_scale = kConvVsGemmEfficiency * conv_pass_efficiency(pass, f);
+  // Dense forward passes only take the tensor-core relief of the implicit-GEMM loss
+  // (kConvVsGemmEfficiency): grouped convolutions and the backward passes keep it whole.
+  const bool relieved = fprop && s.g <= 1.0;
+  p.efficiency_scale = conv_pass_efficiency(pass, f) * (relieved ? 1.0 : kConvVsGemmEfficiency);
+  p.implicit_gemm_efficiency = relieved ? kConvVsGemmEfficiency : 1.0;
   p.gemv_max_dim = kConvGemvMaxDim;
   p.conv_fprop = fprop;
   // K of the GEMM from the pass's FLOPs (exact for a convolution; a transposed convolution

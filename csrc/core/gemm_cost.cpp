@@ -212,9 +212,12 @@ GemmPlan plan_gemm(const GemmProblem& p, const GpuSpec& g) {
   const TcRelief relief = tc ? tc_relief(p.mode, peak_sm_clk, g) : TcRelief{};
   // cuBLASLt's Maxwell-generation *_tn SGEMM tiles (kPascalLtTileRate, kPascalLtPanelExponent).
   const bool pascal_lt_tn = !tc && p.cublas && p.cublaslt_epilogue && g.cc_major < 7;
+  // The main loop's fixed losses, the base efficiency's and an implicit-GEMM convolution's
+  // address math, shrink together under the tensor-core relief (kConvVsGemmEfficiency).
   const double base =
-      (tc ? 1.0 - (1.0 - tc_gemm_base_efficiency(g.cc_major)) / relief.base
-          : kSimtGemmBaseEfficiency * g.simt_gemm_rate) *
+      (tc ? (1.0 - (1.0 - tc_gemm_base_efficiency(g.cc_major)) / relief.base) *
+                (1.0 - (1.0 - p.implicit_gemm_efficiency) / relief.base)
+          : kSimtGemmBaseEfficiency * g.simt_gemm_rate * p.implicit_gemm_efficiency) *
       p.efficiency_scale * (pascal_lt_tn ? kPascalLtTileRate : 1.0);
   const double ob = out_bytes(p.dtype);
   best.compute_s = std::numeric_limits<double>::infinity();
