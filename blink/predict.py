@@ -83,7 +83,8 @@ class UnitRow:
     upper_ms: float | None = None
     # Why an analytic unit was not timed by a forest (the C++ core decides: blink::Fallback):
     # "no_forest" (none for its kind, or no models), "op_not_fitted" (its forest never saw the
-    # op), "other_generation" (the GPU's generation is outside its forest's); "" for trees.
+    # op), "other_generation" (the GPU's generation is outside its forest's); "" for trees
+    # units and failed ones.
     fallback: str = ""
 
 
@@ -682,7 +683,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
             gated[kind] = gated.get(kind, 0) + 1
         units.append(UnitRow(op_id, name, module, PHASES[phase], kind, time_s * 1e3,
                              roof_s * 1e3, flops, br + bw, int(kernels), math, source, err,
-                             analytic_s * 1e3, lo, hi, "" if source == "trees" else fallback))
+                             analytic_s * 1e3, lo, hi, fallback if source == "analytic" else ""))
     if by_trees and models is not None:
         covered = ", ".join(f"{k} {n}" for k, n in sorted(by_trees.items()))
         notes.append(f"unit times from {models.describe()}: {covered} units; the rest analytic")

@@ -306,6 +306,9 @@ def test_without_models_everything_is_analytic(traces, tmp_path, monkeypatch):
     p = predict_trace(traces[8], GPU)
     forced = predict_trace(traces[8], GPU, predictor="analytic")
     assert {u.source for u in p.units} <= {"analytic", "none"}
+    # without models every analytic unit says so; a failed unit has no fallback reason
+    assert all(u.fallback == ("no_forest" if u.source == "analytic" else "") for u in p.units)
+    assert all(u.fallback == "no_forest" for u in forced.units if u.source == "analytic")
     assert p.predictor == "analytic" and p.interval_method == INTERVAL_METHOD
     assert any("no trained models" in n and "card.json not found" in n for n in p.notes)
     assert p.time_ms == forced.time_ms
