@@ -180,7 +180,6 @@ LearnedResult apply_unit_models(const TraceData& trace, TraceCost& cost, const U
     }
     if (!extrapolate && !m->covers_generation(gpu.cc_major)) {
       r.fallback[i] = Fallback::kOtherGeneration;
-      ++r.other_generation;
       continue;
     }
     const std::vector<double> all = unit_model_inputs(u.features, u.time_s, gpu);

@@ -514,7 +514,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             py::dict out = cost_to_python(d, c, models ? &lr : nullptr);
             out["gnn_log_correction"] = correction;
             out["timeline_end_to_end_s"] = uncorrected;
-            out["forest_other_generation_units"] = lr.other_generation;
+            out["forest_other_generation_units"] =
+                std::count(lr.fallback.begin(), lr.fallback.end(), Fallback::kOtherGeneration);
             return out;
           },
           py::arg("gpu"), py::arg("allow_tf32_matmul") = false, py::arg("allow_tf32_cudnn") = true,

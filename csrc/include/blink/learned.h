@@ -93,8 +93,6 @@ struct LearnedResult {
   std::vector<double> log_ratio;   // per unit: clip(scale * p) applied; NaN where analytic was kept
   std::vector<Fallback> fallback;  // per unit: why it kept the analytic time (kNone: a forest's)
   int64_t covered = 0;             // units whose time came from a forest
-  // units a forest lists but left analytic: the GPU's generation is outside the forest's range
-  int64_t other_generation = 0;
 };
 
 // Applies the models to a costed trace (`trace` the one it was costed from, for op names):
