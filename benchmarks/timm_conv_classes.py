@@ -77,6 +77,21 @@ def _fit(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(X * w[:, None], y * w, rcond=None)[0]
 
 
+def weigh(X: np.ndarray, y: np.ndarray, fam: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Relative least-squares weights of the columns of X for the measured times y, and their
+    5th / 95th percentiles over BOOTSTRAP resamples of whole families."""
+    coef = _fit(X, y)
+    rng = np.random.default_rng(0)
+    fams = np.unique(fam)
+    boot = []
+    for _ in range(BOOTSTRAP):
+        idx = np.concatenate([np.flatnonzero(fam == f) for f in rng.choice(fams, len(fams))])
+        boot.append(_fit(X[idx], y[idx]))
+    lo, hi = np.percentile(np.array(boot), [5, 95], axis=0)
+    return coef, lo, hi
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-models", type=int, default=0, help="first N qualifying rows (0: all)")
@@ -100,15 +115,8 @@ def main() -> None:
                       for r, c in kept])
         y = np.array([r["measured_ms"] for r, _ in kept])
         fam = np.array([r["family"] for r, _ in kept])
-        coef = _fit(X, y)
-        rng = np.random.default_rng(0)
+        coef, lo, hi = weigh(X, y, fam)
         fams = np.unique(fam)
-        boot = []
-        for _ in range(BOOTSTRAP):
-            idx = np.concatenate([np.flatnonzero(fam == f)
-                                  for f in rng.choice(fams, len(fams))])
-            boot.append(_fit(X[idx], y[idx]))
-        lo, hi = np.percentile(np.array(boot), [5, 95], axis=0)
         share = X.sum(0) / X.sum()
         analytic = np.array([r["time_ms"] for r, _ in kept])
         print(f"\n{layout}: {len(kept)} timm models with >= {MIN_CONV_SHARE:.0%} of their "

@@ -323,8 +323,8 @@ def test_softmax_rows():
 
 def test_short_row_forward_softmax_streams_at_the_warp_kernels_rate():
     """Rows of <= 1024 elements run the persistent warp softmax (kWarpSoftmaxSlowdown below the
-    element-wise rate); a 2048-element row runs the block kernel (two input passes) and the
-    backward keeps the element-wise rate."""
+    element-wise rate), forward and backward (softmax_warp_backward loads grad and output the
+    same scalar way); a 2048-element row runs the block kernel (two input passes)."""
     rows = 1 << 16
 
     def softmax(n, op="aten::_softmax"):
@@ -343,8 +343,11 @@ def test_short_row_forward_softmax_streams_at_the_warp_kernels_rate():
     assert ratio == pytest.approx(_C.kWarpSoftmaxSlowdown, rel=0.02) and ratio > 1.15
     # the block kernel: input twice and the output once, 3 / 2 of relu's bytes
     assert long_["analytic_time_s"] / relu(2048)["analytic_time_s"] == pytest.approx(1.5, rel=0.02)
-    back = softmax(1024, "aten::_softmax_backward_data")
-    assert not back["warp_softmax"]
+    back, back_long = (softmax(n, "aten::_softmax_backward_data") for n in (1024, 2048))
+    assert back["warp_softmax"] and not back_long["warp_softmax"]
+    # grad and output read, grad_input written: 3 / 2 of relu's bytes, at the warp kernel's rate
+    assert back["analytic_time_s"] / relu(1024)["analytic_time_s"] == pytest.approx(
+        1.5 * _C.kWarpSoftmaxSlowdown, rel=0.02)
 
 
 def test_elementwise_broadcast_input_is_read_once():

@@ -844,9 +844,11 @@ Tiling f_softmax(const Ctx& c, const Rule& r, UnitFeatures& f) {
   // softmax (dispatch_softmax_forward / _backward), which holds the row in registers: one
   // pass. Longer rows run the block kernels (cunn_SoftMaxForward / Backward): a max pass and
   // a sum pass (ilpReduce) before the write pass; the smem variant re-reads from shared
-  // memory, but the reduction passes still stream the row: two input passes.
+  // memory, but the reduction passes still stream the row: two input passes. The backward's
+  // warp kernel (dispatch_softmax_backward -> softmax_warp_backward) loads grad and output the
+  // same way, a scalar per lane per iteration, so it streams at the same rate.
   f.input_passes = inner <= 1024 ? 1.0 : 2.0;
-  f.warp_softmax = inner <= 1024 && c.op.find("backward") == std::string::npos;
+  f.warp_softmax = inner <= 1024;
   return rowwise_tiling();
 }
 

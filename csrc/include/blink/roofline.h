@@ -69,8 +69,14 @@ inline constexpr double kPermutedCopySlowdown = 1.75;
 // P4 1.08, T4 1.24, V100 1.27). Held out one GPU at a time (the median of the other four,
 // 1.17-1.24), these rows' analytic MAPE goes 14.8 -> 9.3% (A100 10.8 -> 10.9, P100 19.5 ->
 // 6.1, P4 6.7 -> 15.8, T4 18.3 -> 5.9, V100 18.9 -> 7.8; benchmarks/softmax_regimes.py prints
-// the per-GPU rates). The backward (softmax_warp_backward) is not in the data and keeps the
-// element-wise rate.
+// the per-GPU rates). The backward's warp kernel (dispatch_softmax_backward ->
+// softmax_warp_backward) loads grad and output the same way and takes the same rate; no public
+// row times it alone. Its check is the RTX 3090's timm training steps (torch 1.12, AMP, whose
+// attention runs softmax and its backward in FP32 over rows of 50-577): their measured times
+// weighed Blink's softmax time by 2.10 (family bootstrap 90% interval 1.45-2.61) with the
+// backward at the element-wise rate, 1.89 (1.31-2.33) with it at this one; analytic MAPE
+// 9.35 -> 9.17%, the 60 models with >= 8% of their time in softmax 14.8 -> 13.5%
+// (benchmarks/timm_train_kinds.py).
 inline constexpr double kWarpSoftmaxSlowdown = 1.24;
 // Share of L2 a steady-state working set may use and still be found there by the next unit
 // (the rest holds weights, other streams' lines, and set conflicts evict early).
