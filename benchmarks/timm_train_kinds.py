@@ -10,7 +10,8 @@ benchmarks/timm_conv_classes.py does for inference convolutions): a weight is wh
 measurements weigh that kind's predicted time by, 1 where Blink is right on average, above 1
 where it under-costs it. Intervals: 5th-95th percentile over bootstrap resamples of whole
 families. No value of Blink is fitted here; it is the check of rules derived elsewhere (the
-backward warp softmax's rate, csrc/include/blink/roofline.h kWarpSoftmaxSlowdown).
+backward warp softmax's rate, csrc/include/blink/roofline.h kWarpSoftmaxSlowdown; the cache's
+torch 1.12 optimizer step, blink.dryrun.torch112_sgd_step).
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ import copy
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,11 +227,33 @@ def _default_loss(output: object, labels: torch.Tensor | None) -> torch.Tensor:
     return logits.float().sum()
 
 
+# Inside torch112_sgd_step(): a training step as torch < 2.0 ran timm's benchmark step.
+_TORCH112_SGD: ContextVar[bool] = ContextVar("blink_torch112_sgd", default=False)
+
+
+@contextmanager
+def torch112_sgd_step(enabled: bool = True) -> Iterator[None]:
+    """Inside (when `enabled`): a training step is traced as timm's benchmark ran it on torch
+    1.12 (the public RTX 3090 training times, blink.train.timm_cache), not as the installed torch
+    runs it. timm's create_optimizer_v2(opt="sgd") is torch.optim.SGD with Nesterov momentum
+    0.9, and torch < 2.0 defaulted to its single-tensor loop (foreach=None meant False): four
+    kernels per parameter, each launched from Python. optimizer.zero_grad() left zero-filled
+    gradients (set_to_none=False before 2.0), outside the timed step, so the backward's
+    AccumulateGrad adds each parameter's gradient into them in place."""
+    token = _TORCH112_SGD.set(enabled)
+    try:
+        yield
+    finally:
+        _TORCH112_SGD.reset(token)
+
+
 def _make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
     # foreach=True: the multi-tensor path CUDA uses by default (meta tensors would otherwise get
     # the per-parameter loop, which is not what a GPU run executes).
     if name == "none" or not params:
         return None
+    if name == "sgd" and _TORCH112_SGD.get():
+        return torch.optim.SGD(params, lr=1e-4, momentum=0.9, nesterov=True, foreach=False)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, foreach=True)
     if name == "adam":
@@ -601,6 +624,12 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
     plain = {k: v for k, v in p.kwargs.items() if k != key}
     resident = {"inputs": _tensors((p.args, plain, p.labels)),
                 "optimizer_state": _tensors(list(opt.state.values())) if opt is not None else []}
+    # torch112_sgd_step's zero-filled gradients live across steps, as the optimizer's state
+    # does: resident under that role (RESIDENT_ROLES has no gradients role; only the timm
+    # training cache traces this way, and it reads times, not the memory breakdown).
+    legacy_grads = mode == "train" and _TORCH112_SGD.get()
+    if legacy_grads:
+        resident["optimizer_state"] += _zero_filled_grads(p)
     # the warm-up grows the cache: the kept step starts from a copy of it as it was
     pristine = copy.deepcopy(p.kwargs[key]) if key is not None and warmup else None
     try:
@@ -613,6 +642,9 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
             # and a KV cache would have grown by its tokens.
             for param in p.net.parameters():
                 param.grad = None
+            if legacy_grads:
+                state = _tensors(list(opt.state.values())) if opt is not None else []
+                resident["optimizer_state"] = state + _zero_filled_grads(p)
             if key is not None:
                 p.kwargs[key] = pristine
         with fixed_host_rng(), trace(p.net, gpu=gpu, nonzero=nonzero, meta=p.meta,
@@ -654,6 +686,17 @@ def _prime_optimizer_state(opt: torch.optim.Optimizer) -> None:
         q.grad = torch.zeros_like(q)
     opt.step()
     opt.zero_grad(set_to_none=True)
+
+
+def _zero_filled_grads(p: Prepared) -> list[torch.Tensor]:
+    """Give every trainable parameter a zero-filled gradient, untraced (torch112_sgd_step: the
+    benchmark zeroed them outside its timed step); returns them, resident before the step."""
+    grads = []
+    for q in p.net.parameters():
+        if q.requires_grad:
+            q.grad = torch.zeros_like(q)
+            grads.append(q.grad)
+    return grads
 
 
 def make_optimizer(p: Prepared) -> torch.optim.Optimizer | None:

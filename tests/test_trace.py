@@ -133,6 +133,33 @@ def test_phases_and_backward_module_attribution():
     assert any(op.name.startswith("aten::_foreach_") for op in opt_ops)
 
 
+def test_torch112_sgd_step_traces_the_single_tensor_loop_into_zero_filled_grads():
+    """timm's 2022 training benchmark (torch 1.12): Nesterov SGD's per-parameter loop, four ops
+    per parameter, and the backward adding each gradient into a zero-filled one in place; the
+    installed torch's step (foreach SGD, gradients set to None) outside the context."""
+    from blink.dryrun import torch112_sgd_step
+
+    model = _small()
+    n_params = len(list(model.parameters()))
+    modern = blink.trace_model(model, input_shape=(8, 16), mode="train", optimizer="sgd")
+    with torch112_sgd_step():
+        legacy = blink.trace_model(model, input_shape=(8, 16), mode="train", optimizer="sgd")
+
+    def names(t, phase):
+        return [op.name for op in t.user_ops() if op.phase == phase]
+
+    step = names(legacy, "optimizer")
+    assert not any(n.startswith("aten::_foreach_") for n in step)
+    # buf.mul_(0.9).add_(grad); grad.add(buf, alpha=0.9) (Nesterov); param.add_(update)
+    assert sorted(step) == sorted(["aten::mul_", "aten::add_", "aten::add", "aten::add_"]
+                                  * n_params)
+    assert any(n.startswith("aten::_foreach_") for n in names(modern, "optimizer"))
+    # AccumulateGrad: one in-place add per parameter in the backward, none with grads at None
+    accumulate = names(legacy, "backward").count("aten::add_")
+    assert accumulate == names(modern, "backward").count("aten::add_") + n_params
+    assert all(q.grad is None for q in model.parameters())  # the user's model is untouched
+
+
 def test_trace_is_deterministic():
     def run() -> tuple[list[str], list[int]]:
         t = blink.trace_model("torchvision:resnet18", batch_size=2, mode="train")

@@ -96,6 +96,9 @@ class _Source:
     # nest_tiny 0.48 -> 0.97, nest_base 0.48 -> 0.93, twins_svt_small 0.79 -> 0.97, _large
     # 0.77 -> 0.89; Hiera 0.85-1.02 -> 1.03-1.18 (something else in it is costed short).
     torch24_math_sdpa: bool = False
+    # The training file was measured with torch 1.12: timm's SGD ran its single-tensor loop
+    # and the backward accumulated into zero-filled gradients (blink.dryrun torch112_sgd_step).
+    torch112_sgd: bool = False
 
 
 # The training file times zero_grad, forward + cross entropy under AMP, backward and an SGD step
@@ -104,7 +107,7 @@ MODES = {
     "inference": _Source(SOURCE_FILE, CACHE_NAME, "infer", "inference", fast_norm=True,
                          torch24_math_sdpa=True),
     "train": _Source(TRAIN_SOURCE_FILE, TRAIN_CACHE_NAME, "train", "train",
-                     fused_attention=False),
+                     fused_attention=False, torch112_sgd=True),
     # The same inference benchmark run channels-last (benchmark.py --channels-last): never
     # trained on; benchmarks/timm_layouts.py checks blink's layout costing against it.
     "inference-nhwc": _Source(NHWC_SOURCE_FILE, NHWC_CACHE_NAME, "infer", "inference",
@@ -204,7 +207,7 @@ def build_model(name: str, batch: int, img: int, want_params: float | None = Non
     import timm
     import torch
 
-    from ..dryrun import trace_model
+    from ..dryrun import torch112_sgd_step, trace_model
     from ..sdpa import torch24_math_sdpa
 
     src = _source(mode)
@@ -215,7 +218,7 @@ def build_model(name: str, batch: int, img: int, want_params: float | None = Non
     if want_params is not None and abs(params - want_params) > PARAM_TOLERANCE * want_params:
         raise ValueError(f"param count {params / 1e6:.2f}M != benchmark {want_params / 1e6:.2f}M")
     extra = {"optimizer": "sgd"} if src.trace_mode == "train" else {}
-    with torch24_math_sdpa(src.torch24_math_sdpa):
+    with torch24_math_sdpa(src.torch24_math_sdpa), torch112_sgd_step(src.torch112_sgd):
         t = trace_model(model, input_shape=(batch, 3, img, img), batch_size=batch, gpu=GPU,
                         dtype="amp-fp16", mode=src.trace_mode, channels_last=src.channels_last,
                         **extra)
