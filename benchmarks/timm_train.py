@@ -18,8 +18,10 @@ one's MAPE as a ratio of the roofline's, and the median predicted / measured rat
   (data/derived/timm_rtx3090_train.csv.gz). The shipped one saw every cached row, so predict's
   own time for these models would be in-sample and is not shown.
 
-Caveat: the file was measured with torch 1.12 and CUDA 11.3, whose SGD looped over parameters
-(foreach became the CUDA default later) and whose cuDNN is older; Blink traces today's torch.
+Caveat: the file was measured with torch 1.12 and CUDA 11.3, whose cuDNN is older. Its
+optimizer step is traced as torch 1.12 ran it (timm_cache.build_model ->
+blink.dryrun.torch112_sgd_step: Nesterov SGD's per-parameter loop into zero-filled gradients);
+every other op is traced as today's torch runs it.
 """
 from __future__ import annotations
 
