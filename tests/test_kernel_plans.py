@@ -234,6 +234,34 @@ def _conv_backward(n, c, h, w, k, r, stride, mask, gpu="V100"):
                          outs, gpu, allow_tf32_cudnn=False)
 
 
+def test_grouped_convolution_backward_runs_at_the_grouped_rate():
+    # A stride-1 5x5 convolution of 8 groups of 64 channels, FP32 on CUDA cores: its data
+    # gradient is the forward's GEMM shape (N*H*W x 64 x 1600 per group), so the two differ
+    # only by the backward rate of a grouped convolution; the dense convolution's data gradient
+    # keeps the forward's rate (5x5: no Winograd). The dense alternative (8x the FLOPs) stays
+    # far slower than the grouped one.
+    n, c, h, r = 32, 512, 28, 5
+
+    def dgrad(groups):
+        ins = [tensor((n, c, h, h), F32, -1), tensor((n, c, h, h), F32, -2),
+               tensor((c, c // groups, r, r), F32, -3), (NONE, None), (INTL, [1, 1]),
+               (INTL, [2, 2]), (INTL, [1, 1]), (BOOL, False), (INTL, [0, 0]), (INT, groups),
+               (INTL, [1, 0, 0])]
+        return unit_features("aten::convolution_backward", ins,
+                             [tensor((n, c, h, h), F32, 2), (NONE, None), (NONE, None)], "V100",
+                             allow_tf32_cudnn=False)
+
+    for groups, rate in ((8, _C.kConvGroupedBackwardEfficiency), (1, 1.0)):
+        fwd = conv(n, c, h, h, c, r, groups=groups, gpu="V100", allow_tf32_cudnn=False)
+        back = dgrad(groups)
+        assert conv_algo_name(fwd) == conv_algo_name(back) == (
+            "grouped_gemm" if groups > 1 else "implicit_gemm")
+        assert (back["tile_m"], back["tile_n"]) == (fwd["tile_m"], fwd["tile_n"])
+        assert back["kernel_compute_s"] / fwd["kernel_compute_s"] == pytest.approx(1 / rate,
+                                                                                  rel=1e-6)
+    assert 0.4 <= _C.kConvGroupedBackwardEfficiency < 0.8
+
+
 def test_a_transposed_convolution_runs_the_data_gradient_of_its_convolution():
     # cuDNN runs ConvTranspose2d's forward as cudnnConvolutionBackwardData of the convolution
     # it transposes: a stride-2 transposed convolution from (32, 256, 14, 14) to

@@ -57,13 +57,16 @@ struct Geometry {
 enum Pass { kFwd = 0, kDgrad = 1, kWgrad = 2 };
 
 // cuDNN's backward kernels against its forward ones (kConvWgradEfficiency,
-// kConvStridedDgradEfficiency): a weight gradient, and a data gradient of a strided
-// convolution (cudnnConvolutionBackwardData, which a transposed convolution's forward runs too).
-double conv_pass_efficiency(Pass pass, const UnitFeatures& f) {
-  if (pass == kWgrad) return kConvWgradEfficiency;
+// kConvStridedDgradEfficiency, kConvGroupedBackwardEfficiency): a weight gradient, a data
+// gradient of a strided convolution (cudnnConvolutionBackwardData, which a transposed
+// convolution's forward runs too), and either of a grouped convolution (`groups` > 1).
+double conv_pass_efficiency(Pass pass, const UnitFeatures& f, double groups) {
+  // A grouped convolution's backward kernels (kConvGroupedBackwardEfficiency).
+  const double grouped = groups > 1.0 && pass != kFwd ? kConvGroupedBackwardEfficiency : 1.0;
+  if (pass == kWgrad) return kConvWgradEfficiency * grouped;
   const bool data_grad = (pass == kDgrad) != f.transposed;
-  if (data_grad && f.stride_h * f.stride_w > 1) return kConvStridedDgradEfficiency;
-  return 1.0;
+  if (data_grad && f.stride_h * f.stride_w > 1) return kConvStridedDgradEfficiency * grouped;
+  return grouped;
 }
 
 // The implicit GEMM of a pass (per group), channels padded for tensor cores.
@@ -94,7 +97,8 @@ GemmProblem implicit_gemm(const Geometry& s, Pass pass, MathMode mode, int dtype
   // Dense forward passes only take the tensor-core relief of the implicit-GEMM loss
   // (kConvVsGemmEfficiency): grouped convolutions and the backward passes keep it whole.
   const bool relieved = fprop && s.g <= 1.0;
-  p.efficiency_scale = conv_pass_efficiency(pass, f) * (relieved ? 1.0 : kConvVsGemmEfficiency);
+  p.efficiency_scale =
+      conv_pass_efficiency(pass, f, s.g) * (relieved ? 1.0 : kConvVsGemmEfficiency);
   p.implicit_gemm_efficiency = relieved ? kConvVsGemmEfficiency : 1.0;
   p.gemv_max_dim = kConvGemvMaxDim;
   p.conv_fprop = fprop;

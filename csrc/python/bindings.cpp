@@ -441,6 +441,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("kPascalLtTileRate") = kPascalLtTileRate;
   m.attr("kConvWgradEfficiency") = kConvWgradEfficiency;
   m.attr("kConvStridedDgradEfficiency") = kConvStridedDgradEfficiency;
+  m.attr("kConvGroupedBackwardEfficiency") = kConvGroupedBackwardEfficiency;
   m.attr("kPermutedCopySlowdown") = kPermutedCopySlowdown;
   m.attr("kWarpSoftmaxSlowdown") = kWarpSoftmaxSlowdown;
   m.attr("kSerialLoopIterationS") = kSerialLoopIterationS;
