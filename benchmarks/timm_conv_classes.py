@@ -92,6 +92,19 @@ def weigh(X: np.ndarray, y: np.ndarray, fam: np.ndarray
     return coef, lo, hi
 
 
+def print_weights(label: str, names: list[str], X: np.ndarray, y: np.ndarray, fam: np.ndarray,
+                  analytic: np.ndarray, width: int = 14, weight_label: str = "coef") -> None:
+    """The table of weigh's weights (with each column's share of the analytic time) and the
+    analytic MAPE / median measured over analytic of the rows."""
+    coef, lo, hi = weigh(X, y, fam)
+    share = X.sum(0) / X.sum()
+    print(f"{label:<{width}}{'share':>8}{weight_label:>8}{'p5':>8}{'p95':>8}")
+    for i, n in enumerate(names):
+        print(f"{n:<{width}}{share[i]:>8.3f}{coef[i]:>8.3f}{lo[i]:>8.3f}{hi[i]:>8.3f}")
+    print(f"analytic MAPE {100 * np.mean(np.abs(analytic / y - 1)):.2f}%, median measured / "
+          f"analytic {np.median(y / analytic):.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-models", type=int, default=0, help="first N qualifying rows (0: all)")
@@ -115,17 +128,10 @@ def main() -> None:
                       for r, c in kept])
         y = np.array([r["measured_ms"] for r, _ in kept])
         fam = np.array([r["family"] for r, _ in kept])
-        coef, lo, hi = weigh(X, y, fam)
-        fams = np.unique(fam)
-        share = X.sum(0) / X.sum()
         analytic = np.array([r["time_ms"] for r, _ in kept])
         print(f"\n{layout}: {len(kept)} timm models with >= {MIN_CONV_SHARE:.0%} of their "
-              f"analytic time in convolutions, {len(fams)} families")
-        print(f"{'class':<14}{'share':>8}{'coef':>8}{'p5':>8}{'p95':>8}")
-        for i, n in enumerate(names):
-            print(f"{n:<14}{share[i]:>8.3f}{coef[i]:>8.3f}{lo[i]:>8.3f}{hi[i]:>8.3f}")
-        print(f"analytic MAPE {100 * np.mean(np.abs(analytic / y - 1)):.2f}%, median measured / "
-              f"analytic {np.median(y / analytic):.3f}")
+              f"analytic time in convolutions, {len(np.unique(fam))} families")
+        print_weights("class", names, X, y, fam, analytic)
 
 
 if __name__ == "__main__":

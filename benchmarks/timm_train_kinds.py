@@ -24,7 +24,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from timm_conv_classes import weigh  # noqa: E402
+from timm_conv_classes import print_weights  # noqa: E402
 
 # Kinds with a column of their own; the rest (embedding, other, reduction) are summed.
 GROUPS = {
@@ -49,14 +49,8 @@ def main() -> None:
     y = np.array([r["measured_ms"] for r in rows])
     fam = np.array([r["family"] for r in rows])
     analytic = np.array([r["time_ms"] for r in rows])
-    coef, lo, hi = weigh(X, y, fam)
-    share = X.sum(0) / X.sum()
     print(f"timm-rtx3090 training steps: {len(rows)} models, {len(np.unique(fam))} families")
-    print(f"{'kind':<20}{'share':>8}{'weight':>8}{'p5':>8}{'p95':>8}")
-    for i, n in enumerate(GROUPS):
-        print(f"{n:<20}{share[i]:>8.3f}{coef[i]:>8.3f}{lo[i]:>8.3f}{hi[i]:>8.3f}")
-    print(f"analytic MAPE {100 * np.mean(np.abs(analytic / y - 1)):.2f}%, median measured / "
-          f"analytic {np.median(y / analytic):.3f}")
+    print_weights("kind", list(GROUPS), X, y, fam, analytic, width=20, weight_label="weight")
 
 
 if __name__ == "__main__":
