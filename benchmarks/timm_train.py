@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/timm_train.py [--models 40]
 
-timm-rtx3090's training file times a full step (zero_grad, forward under AMP fp16, cross
-entropy, backward, SGD with momentum) for each model at its benchmark batch and image size.
+timm-rtx3090's training file times a full step (forward under AMP fp16, cross entropy,
+backward, SGD with Nesterov momentum; zero_grad before the timer) for each model at its
+benchmark batch and image size.
 For a deterministic sample of models spread over families (param count within 1% of the
 benchmark's), each traced here as that step, prints MAPE / median / p90 per predictor with each
 one's MAPE as a ratio of the roofline's, and the median predicted / measured ratio:

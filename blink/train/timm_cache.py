@@ -101,8 +101,9 @@ class _Source:
     torch112_sgd: bool = False
 
 
-# The training file times zero_grad, forward + cross entropy under AMP, backward and an SGD step
-# (momentum 0.9): blink traces the same step (mode "train", optimizer "sgd").
+# The training file times forward + cross entropy under AMP, backward and an SGD step (timm's
+# "sgd": Nesterov momentum 0.9, no weight decay; zero_grad() runs before the timer starts):
+# blink traces the same step (mode "train", optimizer "sgd", torch112_sgd).
 MODES = {
     "inference": _Source(SOURCE_FILE, CACHE_NAME, "infer", "inference", fast_norm=True,
                          torch24_math_sdpa=True),
