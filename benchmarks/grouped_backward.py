@@ -32,6 +32,8 @@ HEAVY = 0.05  # "grouped-heavy": grouped backward passes above this share of the
 
 def _grouped_backward_ms(job: tuple[str, int, int]) -> float | None:
     """Analytic ms of one cached row's grouped-convolution backward units (None: no build)."""
+    from timm_conv_classes import conv_class
+
     from blink.cost import trace_features
     from blink.hardware import get_gpu
     from blink.train import timm_cache as tc
@@ -44,8 +46,7 @@ def _grouped_backward_ms(job: tuple[str, int, int]) -> float | None:
     total = 0.0
     for f in trace_features(t, get_gpu(tc.GPU), allow_tf32_matmul=True, allow_tf32_cudnn=True,
                             cudnn_benchmark=True):
-        if (f["kind"] == "conv" and "backward" in f["op"] and f["groups"] > 1
-                and f["groups"] != f["conv_c"]):
+        if f["kind"] == "conv" and "backward" in f["op"] and conv_class(f) == "grouped":
             total += f["analytic_time_s"] * 1e3
     return total
 

@@ -622,14 +622,13 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
         p.meta["nonzero"] = nonzero
     key = cache_keyword(p)
     plain = {k: v for k, v in p.kwargs.items() if k != key}
-    resident = {"inputs": _tensors((p.args, plain, p.labels)),
-                "optimizer_state": _tensors(list(opt.state.values())) if opt is not None else []}
+    state = _tensors(list(opt.state.values())) if opt is not None else []
     # torch112_sgd_step's zero-filled gradients live across steps, as the optimizer's state
     # does: resident under that role (RESIDENT_ROLES has no gradients role; only the timm
     # training cache traces this way, and it reads times, not the memory breakdown).
     legacy_grads = mode == "train" and _TORCH112_SGD.get()
-    if legacy_grads:
-        resident["optimizer_state"] += _zero_filled_grads(p)
+    resident = {"inputs": _tensors((p.args, plain, p.labels)),
+                "optimizer_state": state + (_zero_filled_grads(p) if legacy_grads else [])}
     # the warm-up grows the cache: the kept step starts from a copy of it as it was
     pristine = copy.deepcopy(p.kwargs[key]) if key is not None and warmup else None
     try:
@@ -642,8 +641,8 @@ def _trace_once(model: torch.nn.Module | str, inputs: object, known_values: bool
             # and a KV cache would have grown by its tokens.
             for param in p.net.parameters():
                 param.grad = None
-            if legacy_grads:
-                state = _tensors(list(opt.state.values())) if opt is not None else []
+            if legacy_grads:  # fresh zero-filled gradients (the step's in-place updates
+                # keep the optimizer's state tensors the same objects)
                 resident["optimizer_state"] = state + _zero_filled_grads(p)
             if key is not None:
                 p.kwargs[key] = pristine

@@ -59,7 +59,8 @@ enum Pass { kFwd = 0, kDgrad = 1, kWgrad = 2 };
 // cuDNN's backward kernels against its forward ones (kConvWgradEfficiency,
 // kConvStridedDgradEfficiency, kConvGroupedBackwardEfficiency): a weight gradient, a data
 // gradient of a strided convolution (cudnnConvolutionBackwardData, which a transposed
-// convolution's forward runs too), and either of a grouped convolution (`groups` > 1).
+// convolution's forward runs too), and either of a grouped convolution (`groups` > 1: the
+// geometry's, not f.groups, so the dense alternative of a grouped unit keeps the dense rate).
 double conv_pass_efficiency(Pass pass, const UnitFeatures& f, double groups) {
   // A grouped convolution's backward kernels (kConvGroupedBackwardEfficiency).
   const double grouped = groups > 1.0 && pass != kFwd ? kConvGroupedBackwardEfficiency : 1.0;
