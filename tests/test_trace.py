@@ -160,6 +160,55 @@ def test_torch112_sgd_step_traces_the_single_tensor_loop_into_zero_filled_grads(
     assert all(q.grad is None for q in model.parameters())  # the user's model is untouched
 
 
+class _InPlace(torch.nn.Module):
+    """In-place ops on a 32 MiB activation: silu_ and mul_ by a grad-requiring gate, whose
+    derivatives read the input they overwrite; relu_ and add_, whose derivatives do not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(1024, 1024)
+        self.gate = torch.nn.Parameter(torch.ones(1024))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        torch.nn.functional.silu(y, inplace=True)
+        y.mul_(self.gate)
+        y.add_(self.gate)
+        return torch.nn.functional.relu(y, inplace=True)
+
+
+def test_training_step_charges_autograds_clone_of_an_in_place_ops_input():
+    """An in-place op whose derivative reads its input makes autograd clone that input before
+    the kernel overwrites it: one more copy kernel of the input's bytes in a training step,
+    none in inference or for relu_ / add_."""
+    from blink.cost import trace_features
+    from blink.hardware import get_gpu
+
+    gpu = get_gpu("H200")
+
+    def units(mode: str) -> dict[str, dict]:
+        t = blink.trace_model(_InPlace(), input_shape=(8192, 1024), mode=mode, optimizer="sgd")
+        first: dict[str, dict] = {}  # the forward's, which comes first
+        for f in trace_features(t, gpu):
+            if f["op"] in ("aten::silu_", "aten::mul_.Tensor", "aten::relu_",
+                           "aten::add_.Tensor"):
+                first.setdefault(f["op"], f)
+        return first
+
+    train, infer = units("train"), units("inference")
+    assert set(train) == set(infer) == {"aten::silu_", "aten::mul_.Tensor", "aten::relu_",
+                                        "aten::add_.Tensor"}
+    copy_s = 2 * 8192 * 1024 * 4 / (gpu.memory_bandwidth_bytes_per_s * gpu.dram_efficiency)
+    for op in ("aten::silu_", "aten::mul_.Tensor"):
+        assert train[op]["kernels"] == infer[op]["kernels"] + 1
+        # the copy's bytes at the streaming rate, plus its own DRAM round trip (~1 us)
+        extra = train[op]["analytic_time_s"] - infer[op]["analytic_time_s"]
+        assert copy_s <= extra <= copy_s + 2e-6
+    for op in ("aten::relu_", "aten::add_.Tensor"):
+        assert train[op]["kernels"] == infer[op]["kernels"]
+        assert train[op]["analytic_time_s"] == pytest.approx(infer[op]["analytic_time_s"])
+
+
 def test_trace_is_deterministic():
     def run() -> tuple[list[str], list[int]]:
         t = blink.trace_model("torchvision:resnet18", batch_size=2, mode="train")

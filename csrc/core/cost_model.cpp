@@ -152,6 +152,58 @@ double dense_bytes(const TensorInfo& t) {
   }
 }
 
+// Per unit op id, the storages (id -> bytes) allocated inside the unit's subtree and not freed
+// before it ended: what the unit left behind besides views. `owner[i]`: the unit op i is (or
+// is inside), -1 outside any.
+using UnitSurvivors = std::unordered_map<int64_t, std::unordered_map<int64_t, int64_t>>;
+UnitSurvivors unit_survivors(const TraceData& trace, const std::vector<int64_t>& owner) {
+  UnitSurvivors out;
+  for (const AllocRecord& a : trace.allocs) {
+    if (a.op < 0 || static_cast<size_t>(a.op) >= owner.size()) continue;
+    const int64_t unit = owner[static_cast<size_t>(a.op)];
+    if (unit < 0) continue;
+    if (a.is_free) {
+      auto it = out.find(unit);
+      if (it != out.end()) it->second.erase(a.storage);
+    } else {
+      out[unit][a.storage] = a.nbytes;
+    }
+  }
+  return out;
+}
+
+// Autograd's copy of an in-place op's input. The generated VariableType kernel of an in-place
+// op whose derivative formula reads `self` (silu_, hardswish_, mul_ with a grad-requiring
+// other, ...; gen_variable_type.py saves `self.clone()`) clones self before the in-place
+// kernel overwrites it, whenever the op records a backward node: one copy kernel (clone ->
+// copy_, Copy.cu) ahead of the op's own. The observer is muted below the unit, so the clone is
+// no op of the trace; its buffer is: an allocation inside the unit of self's dense bytes that
+// outlives it (meta scratch is freed before the unit ends). Charged to the unit as a hidden
+// copy (hidden_copies).
+void add_autograd_self_clone(const TraceData& trace, const OpRecord& op,
+                             const UnitSurvivors& survivors, UnitFeatures& f) {
+  const std::string& name = trace.names[static_cast<size_t>(op.name)];
+  if (name.empty() || name.back() != '_' || op.inputs.empty() || op.outputs.empty()) return;
+  const Arg& in = op.inputs[0];
+  const Arg& out = op.outputs[0];
+  if (in.kind != ArgKind::kTensor || out.kind != ArgKind::kTensor || in.tensors.empty() ||
+      out.tensors.empty()) {
+    return;
+  }
+  const TensorInfo& self = in.tensors[0];
+  if (self.storage == 0 || out.tensors[0].storage != self.storage) return;
+  const double self_bytes = dense_bytes(self);
+  auto it = survivors.find(op.id);
+  if (!(self_bytes > 0) || it == survivors.end()) return;
+  for (const auto& entry : it->second) {
+    if (static_cast<double>(entry.second) != self_bytes) continue;
+    f.hidden_copy_bytes += 2.0 * self_bytes;
+    f.hidden_copies += 1;
+    f.kernels += 1;
+    return;  // one clone per op
+  }
+}
+
 }  // namespace
 
 std::string op_full_name(const TraceData& t, const OpRecord& op) {
@@ -236,6 +288,21 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& spe
   gpu.boost_window_s = 0.0;
   const std::vector<int64_t> unit_ids = cut_units(trace, device_type);
   std::vector<int64_t> unit_of(trace.ops.size(), -1);
+  // owner[i]: the unit op i is (or is inside), -1 outside any (ops come parents first).
+  std::vector<int64_t> owner(trace.ops.size(), -1);
+  {
+    size_t next = 0;
+    for (const OpRecord& op : trace.ops) {
+      const size_t i = static_cast<size_t>(op.id);
+      if (next < unit_ids.size() && unit_ids[next] == op.id) {
+        owner[i] = op.id;
+        ++next;
+      } else if (op.parent >= 0) {
+        owner[i] = owner[static_cast<size_t>(op.parent)];
+      }
+    }
+  }
+  const UnitSurvivors survivors = unit_survivors(trace, owner);
   out.units.reserve(unit_ids.size());
   L2Window l2(gpu.l2_bytes);
   for (int64_t id : unit_ids) {
@@ -244,6 +311,7 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& spe
     u.op = id;
     try {
       u.features = compute_features(op_full_name(trace, op), op.inputs, op.outputs, gpu, opts);
+      add_autograd_self_clone(trace, op, survivors, u.features);
       u.features.l2_hit_bytes = std::min(l2.hits(op), u.features.bytes_read);
       l2.wrote(op);
       u.time_s = analytic_time_s(u.features, gpu);
