@@ -3,6 +3,7 @@ the training-step correction's held-out-family accuracy and intervals, and predi
 shipped models/forest_model_train.json only where it was trained."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -98,6 +99,29 @@ def test_training_steps_trace_attention_as_torch_1_12_ran_it():
     infer, _ = timm_cache.build_model("deit_tiny_patch16_224", 2, 224)
     assert infer.op_counts()["aten::scaled_dot_product_attention"] == 12
     assert "aten::_softmax" not in infer.op_counts()
+
+
+def test_training_steps_scale_attention_scores_as_2022_timm_did(monkeypatch):
+    """2022's timm scaled the (B, heads, N, N) scores after q @ k^T, today's scales q: the
+    training cache traces the former (one N x N multiply forward and one backward per block),
+    with the same number of element-wise multiplies; timm's own forward is put back."""
+    from timm.layers import attention
+
+    def n_by_n_muls(t) -> tuple[int, int]:
+        muls = [op for op in t.ops if op.name == "aten::mul" and op.overload == "Tensor"]
+        square = [op for op in muls if op.outputs[0].shape[-2:] == (197, 197)]
+        return len(muls), len(square)
+
+    own = attention.Attention.forward
+    train, _ = timm_cache.build_model("deit_tiny_patch16_224", 2, 224, mode="train")
+    assert attention.Attention.forward is own
+    monkeypatch.setitem(timm_cache.MODES, "train", dataclasses.replace(
+        timm_cache.MODES["train"], timm_2022_attention_scale=False))
+    today, _ = timm_cache.build_model("deit_tiny_patch16_224", 2, 224, mode="train")
+    assert attention.Attention.forward is own
+    total, square = n_by_n_muls(train)
+    assert square == 2 * 12  # forward and backward, 12 blocks
+    assert n_by_n_muls(today) == (total, 0)
 
 
 def test_inference_rows_trace_timm_norms_in_the_autocast_dtype_as_measured():

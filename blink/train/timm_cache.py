@@ -99,6 +99,11 @@ class _Source:
     # The training file was measured with torch 1.12: timm's SGD ran its single-tensor loop
     # and the backward accumulated into zero-filled gradients (blink.dryrun torch112_sgd_step).
     torch112_sgd: bool = False
+    # ... and with 2022's timm (0.6), whose ViT / DeiT attention (timm.layers.Attention today)
+    # scaled the (B, heads, N, N) scores, attn = (q @ k^T) * scale, where today's non-fused path
+    # scales q (B, heads, N, head_dim) first: the same math, one N x N element-wise pass more
+    # forward and backward (_timm_2022_attention_scale).
+    timm_2022_attention_scale: bool = False
 
 
 # The training file times forward + cross entropy under AMP, backward and an SGD step (timm's
@@ -108,7 +113,7 @@ MODES = {
     "inference": _Source(SOURCE_FILE, CACHE_NAME, "infer", "inference", fast_norm=True,
                          torch24_math_sdpa=True),
     "train": _Source(TRAIN_SOURCE_FILE, TRAIN_CACHE_NAME, "train", "train",
-                     fused_attention=False, torch112_sgd=True),
+                     fused_attention=False, torch112_sgd=True, timm_2022_attention_scale=True),
     # The same inference benchmark run channels-last (benchmark.py --channels-last): never
     # trained on; benchmarks/timm_layouts.py checks blink's layout costing against it.
     "inference-nhwc": _Source(NHWC_SOURCE_FILE, NHWC_CACHE_NAME, "infer", "inference",
@@ -199,6 +204,40 @@ def _timm_fast_norm(enable: bool) -> Iterator[None]:
         fast_norm.set_fast_norm(before)
 
 
+@contextlib.contextmanager
+def _timm_2022_attention_scale(enable: bool) -> Iterator[None]:
+    """timm.layers.Attention's non-fused forward computing attn = (q @ k^T) * scale, as timm
+    0.6's vision_transformer.Attention did, while `enable`; its own forward for every other
+    configuration (fused, masked, q/k norms, gates, output norm), and put back afterwards."""
+    import torch
+    from timm.layers import attention
+
+    cls = attention.Attention
+    own = cls.forward
+
+    def forward_2022(self: Any, x: Any, attn_mask: Any = None, is_causal: bool = False) -> Any:
+        plain = (not self.fused_attn and attn_mask is None and not is_causal
+                 and self.gate is None and isinstance(self.q_norm, torch.nn.Identity)
+                 and isinstance(self.k_norm, torch.nn.Identity)
+                 and isinstance(self.norm, torch.nn.Identity))
+        if not plain:
+            return own(self, x, attn_mask, is_causal)
+        b, n, _ = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        attn = (q @ k.transpose(-2, -1)) * self.scale
+        attn = self.attn_drop(attn.softmax(dim=-1))
+        x = (attn @ v).transpose(1, 2).reshape(b, n, self.attn_dim)
+        return self.proj_drop(self.proj(x))
+
+    if enable:
+        cls.forward = forward_2022
+    try:
+        yield
+    finally:
+        cls.forward = own
+
+
 def build_model(name: str, batch: int, img: int, want_params: float | None = None,
                 mode: str = "inference") -> tuple[Any, int]:
     """(trace, param count) of the timm model `name` at random init on meta, traced at (batch,
@@ -219,7 +258,8 @@ def build_model(name: str, batch: int, img: int, want_params: float | None = Non
     if want_params is not None and abs(params - want_params) > PARAM_TOLERANCE * want_params:
         raise ValueError(f"param count {params / 1e6:.2f}M != benchmark {want_params / 1e6:.2f}M")
     extra = {"optimizer": "sgd"} if src.trace_mode == "train" else {}
-    with torch24_math_sdpa(src.torch24_math_sdpa), torch112_sgd_step(src.torch112_sgd):
+    with torch24_math_sdpa(src.torch24_math_sdpa), torch112_sgd_step(src.torch112_sgd), \
+            _timm_2022_attention_scale(src.timm_2022_attention_scale):
         t = trace_model(model, input_shape=(batch, 3, img, img), batch_size=batch, gpu=GPU,
                         dtype="amp-fp16", mode=src.trace_mode, channels_last=src.channels_last,
                         **extra)
@@ -305,7 +345,8 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
         "timm_version": timm.__version__, "gpu": GPU, "dtype": "amp-fp16",
         "mode": source.trace_mode, "channels_last": source.channels_last,
         "timm_fused_attention": source.fused_attention, "timm_fast_norm": source.fast_norm,
-        "torch24_math_sdpa": source.torch24_math_sdpa,
+        "torch24_math_sdpa": source.torch24_math_sdpa, "torch112_sgd": source.torch112_sgd,
+        "timm_2022_attention_scale": source.timm_2022_attention_scale,
         "command": "python -m blink.train.timm_cache"
         + ("" if mode == "inference" else f" --mode {mode}")
         + ("" if max_models == DEFAULT_MAX_MODELS else f" --max-models {max_models}"),
