@@ -102,26 +102,31 @@ def test_training_steps_trace_attention_as_torch_1_12_ran_it():
 
 
 def test_training_steps_scale_attention_scores_as_2022_timm_did(monkeypatch):
-    """2022's timm scaled the (B, heads, N, N) scores after q @ k^T, today's scales q: the
-    training cache traces the former (one N x N multiply forward and one backward per block),
-    with the same number of element-wise multiplies; timm's own forward is put back."""
-    from timm.layers import attention
+    """2022's timm scaled the attention scores after q @ k^T, today's scales q first: the
+    training cache traces the former, one multiply of each block's scores forward (and its
+    gradient's backward), with as many multiplies in all; the inference cache keeps today's."""
 
-    def n_by_n_muls(t) -> tuple[int, int]:
-        muls = [op for op in t.ops if op.name == "aten::mul" and op.overload == "Tensor"]
-        square = [op for op in muls if op.outputs[0].shape[-2:] == (197, 197)]
-        return len(muls), len(square)
+    def score_muls(name: str, img: int, mode: str) -> tuple[int, int]:
+        t, _ = timm_cache.build_model(name, 2, img, mode=mode)
+        made_by: dict[int, set[str]] = {}  # storage -> the ops whose outputs view it
+        for op in t.ops:
+            for out in op.outputs:
+                if hasattr(out, "storage"):
+                    made_by.setdefault(out.storage, set()).add(op.name)
+        muls = [op for op in t.ops if op.name == "aten::mul" and op.overload == "Tensor"
+                and op.phase == "forward"]
+        scores = [op for op in muls if "aten::bmm" in made_by.get(op.inputs[0].storage, ())]
+        return len(muls), len(scores)
 
-    own = attention.Attention.forward
-    train, _ = timm_cache.build_model("deit_tiny_patch16_224", 2, 224, mode="train")
-    assert attention.Attention.forward is own
-    monkeypatch.setitem(timm_cache.MODES, "train", dataclasses.replace(
-        timm_cache.MODES["train"], timm_2022_attention_scale=False))
-    today, _ = timm_cache.build_model("deit_tiny_patch16_224", 2, 224, mode="train")
-    assert attention.Attention.forward is own
-    total, square = n_by_n_muls(train)
-    assert square == 2 * 12  # forward and backward, 12 blocks
-    assert n_by_n_muls(today) == (total, 0)
+    today = dataclasses.replace(timm_cache.MODES["train"], timm_2022_attention_scale=False)
+    # (model, image, attention blocks): DeiT's timm.layers.Attention, Twins' LSA + GSA
+    for name, img, blocks in (("deit_tiny_patch16_224", 224, 12),
+                              ("twins_svt_small", 224, 2 + 2 + 10 + 4)):
+        total, scores = score_muls(name, img, "train")
+        assert scores == blocks
+        with monkeypatch.context() as m:
+            m.setitem(timm_cache.MODES, "train", today)
+            assert score_muls(name, img, "train") == (total, 0)
 
 
 def test_inference_rows_trace_timm_norms_in_the_autocast_dtype_as_measured():

@@ -99,10 +99,10 @@ class _Source:
     # The training file was measured with torch 1.12: timm's SGD ran its single-tensor loop
     # and the backward accumulated into zero-filled gradients (blink.dryrun torch112_sgd_step).
     torch112_sgd: bool = False
-    # ... and with 2022's timm (0.6), whose ViT / DeiT attention (timm.layers.Attention today)
-    # scaled the (B, heads, N, N) scores, attn = (q @ k^T) * scale, where today's non-fused path
-    # scales q (B, heads, N, head_dim) first: the same math, one N x N element-wise pass more
-    # forward and backward (_timm_2022_attention_scale).
+    # ... and with 2022's timm (0.6), whose ViT / DeiT / Twins / VOLO attention scaled the
+    # (B, heads, N, N) scores, attn = (q @ k^T) * scale, where today's non-fused path scales q
+    # (B, heads, N, head_dim) first: the same math, one N x N element-wise pass more forward
+    # and backward (_timm_2022_attention_scale).
     timm_2022_attention_scale: bool = False
 
 
@@ -204,38 +204,70 @@ def _timm_fast_norm(enable: bool) -> Iterator[None]:
         fast_norm.set_fast_norm(before)
 
 
-@contextlib.contextmanager
-def _timm_2022_attention_scale(enable: bool) -> Iterator[None]:
-    """timm.layers.Attention's non-fused forward computing attn = (q @ k^T) * scale, as timm
-    0.6's vision_transformer.Attention did, while `enable`; its own forward for every other
-    configuration (fused, masked, q/k norms, gates, output norm), and put back afterwards."""
+# timm modules whose non-fused attention scales q (q = q * self.scale; attn = q @ k^T) where
+# the timm of mid-2022 scaled the scores (attn = (q @ k^T) * self.scale): vision_transformer's
+# Attention (ViT, DeiT, PiT, ... today timm.layers.Attention), Twins' LocallyGroupedAttn and
+# GlobalSubSampleAttn, VOLO's Attention. (CaiT, Swin and BEiT scaled q then as now.)
+_SCORE_SCALED_2022 = (("timm.layers.attention", "Attention"),
+                      ("timm.models.twins", "LocallyGroupedAttn"),
+                      ("timm.models.twins", "GlobalSubSampleAttn"),
+                      ("timm.models.volo", "Attention"))
+
+
+def _scale_scores_mode(scale: float) -> Any:
+    """A TorchFunctionMode that defers the first `t * scale` to the matmul consuming t:
+    (t @ x) * scale, the same math with the multiply on the matmul's output."""
     import torch
-    from timm.layers import attention
+    from torch.overrides import TorchFunctionMode
 
-    cls = attention.Attention
-    own = cls.forward
+    muls = (torch.Tensor.__mul__, torch.Tensor.mul, torch.mul)
+    matmuls = (torch.Tensor.__matmul__, torch.Tensor.matmul, torch.matmul)
 
-    def forward_2022(self: Any, x: Any, attn_mask: Any = None, is_causal: bool = False) -> Any:
-        plain = (not self.fused_attn and attn_mask is None and not is_causal
-                 and self.gate is None and isinstance(self.q_norm, torch.nn.Identity)
-                 and isinstance(self.k_norm, torch.nn.Identity)
-                 and isinstance(self.norm, torch.nn.Identity))
-        if not plain:
-            return own(self, x, attn_mask, is_causal)
-        b, n, _ = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        attn = (q @ k.transpose(-2, -1)) * self.scale
-        attn = self.attn_drop(attn.softmax(dim=-1))
-        x = (attn @ v).transpose(1, 2).reshape(b, n, self.attn_dim)
-        return self.proj_drop(self.proj(x))
+    class ScaleScores(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pending: Any = None
+            self.done = False
 
-    if enable:
-        cls.forward = forward_2022
-    try:
-        yield
-    finally:
-        cls.forward = own
+        def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                               kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            if not self.done and self.pending is None and func in muls and len(args) == 2 \
+                    and isinstance(args[0], torch.Tensor) and args[1] == scale:
+                self.pending = args[0]
+                return args[0]
+            if not self.done and self.pending is not None and func in matmuls \
+                    and args[0] is self.pending:
+                self.done = True
+                return func(*args, **kwargs) * scale
+            return func(*args, **kwargs)
+
+    return ScaleScores()
+
+
+def _timm_2022_attention_scale(model: Any) -> None:
+    """Hooks each module of `model` listed in _SCORE_SCALED_2022 so that its non-fused forward
+    scales the attention scores, not q, as 2022's timm did; a RuntimeError from a forward where
+    the q * scale -> matmul pattern is missing (timm changed: the list needs a look)."""
+    import importlib
+
+    classes = tuple(getattr(importlib.import_module(mod), cls) for mod, cls in _SCORE_SCALED_2022)
+
+    def pre(module: Any, args: Any) -> None:
+        mode = _scale_scores_mode(module.scale)
+        module._blink_scale_scores = mode
+        mode.__enter__()
+
+    def post(module: Any, args: Any, out: Any) -> None:
+        mode = module.__dict__.pop("_blink_scale_scores")
+        mode.__exit__(None, None, None)
+        if not module.fused_attn and not mode.done:
+            raise RuntimeError(f"{type(module).__name__}: no q * scale -> q @ k^T to reorder")
+
+    for m in model.modules():
+        if isinstance(m, classes) and not m.fused_attn:
+            m.register_forward_pre_hook(pre)
+            m.register_forward_hook(post)
 
 
 def build_model(name: str, batch: int, img: int, want_params: float | None = None,
@@ -258,8 +290,9 @@ def build_model(name: str, batch: int, img: int, want_params: float | None = Non
     if want_params is not None and abs(params - want_params) > PARAM_TOLERANCE * want_params:
         raise ValueError(f"param count {params / 1e6:.2f}M != benchmark {want_params / 1e6:.2f}M")
     extra = {"optimizer": "sgd"} if src.trace_mode == "train" else {}
-    with torch24_math_sdpa(src.torch24_math_sdpa), torch112_sgd_step(src.torch112_sgd), \
-            _timm_2022_attention_scale(src.timm_2022_attention_scale):
+    if src.timm_2022_attention_scale:
+        _timm_2022_attention_scale(model)
+    with torch24_math_sdpa(src.torch24_math_sdpa), torch112_sgd_step(src.torch112_sgd):
         t = trace_model(model, input_shape=(batch, 3, img, img), batch_size=batch, gpu=GPU,
                         dtype="amp-fp16", mode=src.trace_mode, channels_last=src.channels_last,
                         **extra)
