@@ -21,8 +21,10 @@ one's MAPE as a ratio of the roofline's, and the median predicted / measured rat
 
 Caveat: the file was measured with torch 1.12 and CUDA 11.3, whose cuDNN is older. Its
 optimizer step is traced as torch 1.12 ran it (timm_cache.build_model ->
-blink.dryrun.torch112_sgd_step: Nesterov SGD's per-parameter loop into zero-filled gradients);
-every other op is traced as today's torch runs it.
+blink.dryrun.torch112_sgd_step: Nesterov SGD's per-parameter loop into zero-filled gradients)
+and ViT / DeiT / PiT / Twins / VOLO attention scales its scores as 2022's timm did
+(timm_cache._timm_2022_attention_scale); every other op is traced as today's torch and timm
+run it.
 """
 from __future__ import annotations
 
