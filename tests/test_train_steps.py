@@ -103,11 +103,11 @@ def test_training_steps_trace_attention_as_torch_1_12_ran_it():
 
 def test_training_steps_scale_attention_scores_as_2022_timm_did(monkeypatch):
     """2022's timm scaled the attention scores after q @ k^T, today's scales q first: the
-    training cache traces the former, one multiply of each block's scores forward (and its
-    gradient's backward), with as many multiplies in all; the inference cache keeps today's."""
+    training cache traces the former, one multiply of each block's scores in the forward,
+    with as many multiplies in all as today's path (traced with the switch off)."""
 
-    def score_muls(name: str, img: int, mode: str) -> tuple[int, int]:
-        t, _ = timm_cache.build_model(name, 2, img, mode=mode)
+    def score_muls(name: str, img: int) -> tuple[int, int]:
+        t, _ = timm_cache.build_model(name, 2, img, mode="train")
         made_by: dict[int, set[str]] = {}  # storage -> the ops whose outputs view it
         for op in t.ops:
             for out in op.outputs:
@@ -122,11 +122,30 @@ def test_training_steps_scale_attention_scores_as_2022_timm_did(monkeypatch):
     # (model, image, attention blocks): DeiT's timm.layers.Attention, Twins' LSA + GSA
     for name, img, blocks in (("deit_tiny_patch16_224", 224, 12),
                               ("twins_svt_small", 224, 2 + 2 + 10 + 4)):
-        total, scores = score_muls(name, img, "train")
+        total, scores = score_muls(name, img)
         assert scores == blocks
         with monkeypatch.context() as m:
             m.setitem(timm_cache.MODES, "train", today)
-            assert score_muls(name, img, "train") == (total, 0)
+            assert score_muls(name, img) == (total, 0)
+
+
+def test_2022_attention_scaling_keeps_the_math_and_no_mode_after_a_failed_forward():
+    """The reordered multiply gives today's values on real tensors, and a forward that raises
+    leaves no TorchFunctionMode behind (the cache goes on to the next model)."""
+    import torch
+    from timm.layers import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(64, num_heads=4)
+    attn.fused_attn = False
+    x = torch.randn(2, 5, 64)
+    today = attn(x)
+    timm_cache._timm_2022_attention_scale(attn)
+    torch.testing.assert_close(attn(x), today)
+    with pytest.raises(RuntimeError), pytest.warns(UserWarning):
+        attn(torch.randn(2, 5, 63))  # the qkv projection refuses 63 features
+    assert torch._C._len_torch_function_stack() == 0
+    torch.testing.assert_close(attn(x), today)
 
 
 def test_inference_rows_trace_timm_norms_in_the_autocast_dtype_as_measured():

@@ -233,7 +233,8 @@ def _scale_scores_mode(scale: float) -> Any:
                                kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}
             if not self.done and self.pending is None and func in muls and len(args) == 2 \
-                    and isinstance(args[0], torch.Tensor) and args[1] == scale:
+                    and isinstance(args[0], torch.Tensor) and isinstance(args[1], float) \
+                    and args[1] == scale:
                 self.pending = args[0]
                 return args[0]
             if not self.done and self.pending is not None and func in matmuls \
@@ -259,15 +260,17 @@ def _timm_2022_attention_scale(model: Any) -> None:
         mode.__enter__()
 
     def post(module: Any, args: Any, out: Any) -> None:
+        # always_call: a forward that raised leaves no mode behind (torch then warns of this
+        # hook's error and re-raises the forward's own)
         mode = module.__dict__.pop("_blink_scale_scores")
         mode.__exit__(None, None, None)
-        if not module.fused_attn and not mode.done:
+        if not mode.done:
             raise RuntimeError(f"{type(module).__name__}: no q * scale -> q @ k^T to reorder")
 
     for m in model.modules():
         if isinstance(m, classes) and not m.fused_attn:
             m.register_forward_pre_hook(pre)
-            m.register_forward_hook(post)
+            m.register_forward_hook(post, always_call=True)
 
 
 def build_model(name: str, batch: int, img: int, want_params: float | None = None,
