@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import csv
 import datetime as _dt
+import functools
 import gzip
 import hashlib
 import io
@@ -214,9 +215,12 @@ _SCORE_SCALED_2022 = (("timm.layers.attention", "Attention"),
                       ("timm.models.volo", "Attention"))
 
 
-def _scale_scores_mode(scale: float) -> Any:
-    """A TorchFunctionMode that defers the first `t * scale` to the matmul consuming t:
-    (t @ x) * scale, the same math with the multiply on the matmul's output."""
+@functools.cache
+def _scale_scores_class() -> type:
+    """The TorchFunctionMode _timm_2022_attention_scale enters around each hooked forward
+    (built once: torch is imported lazily here). An instance defers the first `t * scale` to
+    the matmul consuming t: (t @ x) * scale, the same math with the multiply on the matmul's
+    output."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -224,8 +228,9 @@ def _scale_scores_mode(scale: float) -> Any:
     matmuls = (torch.Tensor.__matmul__, torch.Tensor.matmul, torch.matmul)
 
     class ScaleScores(TorchFunctionMode):
-        def __init__(self) -> None:
+        def __init__(self, scale: float) -> None:
             super().__init__()
+            self.scale = scale
             self.pending: Any = None
             self.done = False
 
@@ -234,16 +239,16 @@ def _scale_scores_mode(scale: float) -> Any:
             kwargs = kwargs or {}
             if not self.done and self.pending is None and func in muls and len(args) == 2 \
                     and isinstance(args[0], torch.Tensor) and isinstance(args[1], float) \
-                    and args[1] == scale:
+                    and args[1] == self.scale:
                 self.pending = args[0]
                 return args[0]
             if not self.done and self.pending is not None and func in matmuls \
                     and args[0] is self.pending:
                 self.done = True
-                return func(*args, **kwargs) * scale
+                return func(*args, **kwargs) * self.scale
             return func(*args, **kwargs)
 
-    return ScaleScores()
+    return ScaleScores
 
 
 def _timm_2022_attention_scale(model: Any) -> None:
@@ -255,7 +260,7 @@ def _timm_2022_attention_scale(model: Any) -> None:
     classes = tuple(getattr(importlib.import_module(mod), cls) for mod, cls in _SCORE_SCALED_2022)
 
     def pre(module: Any, args: Any) -> None:
-        mode = _scale_scores_mode(module.scale)
+        mode = _scale_scores_class()(module.scale)
         module._blink_scale_scores = mode
         mode.__enter__()
 

@@ -62,12 +62,13 @@ enum Pass { kFwd = 0, kDgrad = 1, kWgrad = 2 };
 // convolution's forward runs too), and either of a grouped convolution (`groups` > 1: the
 // geometry's, not f.groups, so the dense alternative of a grouped unit keeps the dense rate).
 double conv_pass_efficiency(Pass pass, const UnitFeatures& f, double groups) {
-  // A grouped convolution's backward kernels (kConvGroupedBackwardEfficiency).
-  const double grouped = groups > 1.0 && pass != kFwd ? kConvGroupedBackwardEfficiency : 1.0;
-  if (pass == kWgrad) return kConvWgradEfficiency * grouped;
-  const bool data_grad = (pass == kDgrad) != f.transposed;
-  if (data_grad && f.stride_h * f.stride_w > 1) return kConvStridedDgradEfficiency * grouped;
-  return grouped;
+  double rate = 1.0;
+  if (pass == kWgrad) {
+    rate = kConvWgradEfficiency;
+  } else if (((pass == kDgrad) != f.transposed) && f.stride_h * f.stride_w > 1) {
+    rate = kConvStridedDgradEfficiency;  // a data gradient
+  }
+  return groups > 1.0 && pass != kFwd ? rate * kConvGroupedBackwardEfficiency : rate;
 }
 
 // The implicit GEMM of a pass (per group), channels padded for tensor cores.

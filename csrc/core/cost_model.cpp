@@ -152,56 +152,66 @@ double dense_bytes(const TensorInfo& t) {
   }
 }
 
-// Per unit op id, the storages (id -> bytes) allocated inside the unit's subtree and not freed
-// before it ended: what the unit left behind besides views. `owner[i]`: the unit op i is (or
-// is inside), -1 outside any.
-using UnitSurvivors = std::unordered_map<int64_t, std::unordered_map<int64_t, int64_t>>;
-UnitSurvivors unit_survivors(const TraceData& trace, const std::vector<int64_t>& owner) {
-  UnitSurvivors out;
-  for (const AllocRecord& a : trace.allocs) {
-    if (a.op < 0 || static_cast<size_t>(a.op) >= owner.size()) continue;
-    const int64_t unit = owner[static_cast<size_t>(a.op)];
-    if (unit < 0) continue;
-    if (a.is_free) {
-      auto it = out.find(unit);
-      if (it != out.end()) it->second.erase(a.storage);
-    } else {
-      out[unit][a.storage] = a.nbytes;
-    }
-  }
-  return out;
-}
-
 // Autograd's copy of an in-place op's input. The generated VariableType kernel of an in-place
 // op whose derivative formula reads `self` (silu_, hardswish_, mul_ with a grad-requiring
 // other, ...; gen_variable_type.py saves `self.clone()`) clones self before the in-place
 // kernel overwrites it, whenever the op records a backward node: one copy kernel (clone ->
 // copy_, Copy.cu) ahead of the op's own. The observer is muted below the unit, so the clone is
 // no op of the trace; its buffer is: an allocation inside the unit of self's dense bytes that
-// outlives it (meta scratch is freed before the unit ends). Charged to the unit as a hidden
-// copy (hidden_copies).
-void add_autograd_self_clone(const TraceData& trace, const OpRecord& op,
-                             const UnitSurvivors& survivors, UnitFeatures& f) {
-  const std::string& name = trace.names[static_cast<size_t>(op.name)];
-  if (name.empty() || name.back() != '_' || op.inputs.empty() || op.outputs.empty()) return;
-  const Arg& in = op.inputs[0];
-  const Arg& out = op.outputs[0];
-  if (in.kind != ArgKind::kTensor || out.kind != ArgKind::kTensor || in.tensors.empty() ||
-      out.tensors.empty()) {
-    return;
+// outlives it (meta scratch is freed before the unit ends). Returns, per in-place unit op id
+// that has one, the bytes of that clone (cut_units' ids, in trace order).
+std::unordered_map<int64_t, double> autograd_self_clones(const TraceData& trace,
+                                                         const std::vector<int64_t>& unit_ids) {
+  // owner[i]: the in-place unit op i is (or is inside), -1 for any other op; self_bytes: the
+  // dense bytes of each such unit's input 0.
+  std::vector<int64_t> owner(trace.ops.size(), -1);
+  std::unordered_map<int64_t, double> self_bytes;
+  size_t next = 0;
+  for (const OpRecord& op : trace.ops) {
+    const size_t i = static_cast<size_t>(op.id);
+    if (next < unit_ids.size() && unit_ids[next] == op.id) {
+      ++next;
+      const std::string& name = trace.names[static_cast<size_t>(op.name)];
+      if (name.empty() || name.back() != '_' || op.inputs.empty() || op.outputs.empty()) continue;
+      const Arg& in = op.inputs[0];
+      const Arg& out = op.outputs[0];
+      if (in.kind != ArgKind::kTensor || out.kind != ArgKind::kTensor || in.tensors.empty() ||
+          out.tensors.empty() || in.tensors[0].storage == 0 ||
+          out.tensors[0].storage != in.tensors[0].storage) {
+        continue;
+      }
+      const double bytes = dense_bytes(in.tensors[0]);
+      if (!(bytes > 0)) continue;
+      owner[i] = op.id;
+      self_bytes[op.id] = bytes;
+    } else if (op.parent >= 0) {
+      owner[i] = owner[static_cast<size_t>(op.parent)];
+    }
   }
-  const TensorInfo& self = in.tensors[0];
-  if (self.storage == 0 || out.tensors[0].storage != self.storage) return;
-  const double self_bytes = dense_bytes(self);
-  auto it = survivors.find(op.id);
-  if (!(self_bytes > 0) || it == survivors.end()) return;
-  for (const auto& entry : it->second) {
-    if (static_cast<double>(entry.second) != self_bytes) continue;
-    f.hidden_copy_bytes += 2.0 * self_bytes;
-    f.hidden_copies += 1;
-    f.kernels += 1;
-    return;  // one clone per op
+  // Storages (id -> bytes) each in-place unit allocated and had not freed by its end.
+  std::unordered_map<int64_t, std::unordered_map<int64_t, int64_t>> live;
+  for (const AllocRecord& a : trace.allocs) {
+    if (a.op < 0 || static_cast<size_t>(a.op) >= owner.size()) continue;
+    const int64_t unit = owner[static_cast<size_t>(a.op)];
+    if (unit < 0) continue;
+    if (a.is_free) {
+      auto it = live.find(unit);
+      if (it != live.end()) it->second.erase(a.storage);
+    } else {
+      live[unit][a.storage] = a.nbytes;
+    }
   }
+  std::unordered_map<int64_t, double> out;
+  for (const auto& [unit, storages] : live) {
+    const double bytes = self_bytes.at(unit);
+    for (const auto& entry : storages) {
+      if (static_cast<double>(entry.second) == bytes) {
+        out[unit] = bytes;  // one clone per op
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -288,21 +298,7 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& spe
   gpu.boost_window_s = 0.0;
   const std::vector<int64_t> unit_ids = cut_units(trace, device_type);
   std::vector<int64_t> unit_of(trace.ops.size(), -1);
-  // owner[i]: the unit op i is (or is inside), -1 outside any (ops come parents first).
-  std::vector<int64_t> owner(trace.ops.size(), -1);
-  {
-    size_t next = 0;
-    for (const OpRecord& op : trace.ops) {
-      const size_t i = static_cast<size_t>(op.id);
-      if (next < unit_ids.size() && unit_ids[next] == op.id) {
-        owner[i] = op.id;
-        ++next;
-      } else if (op.parent >= 0) {
-        owner[i] = owner[static_cast<size_t>(op.parent)];
-      }
-    }
-  }
-  const UnitSurvivors survivors = unit_survivors(trace, owner);
+  const std::unordered_map<int64_t, double> clones = autograd_self_clones(trace, unit_ids);
   out.units.reserve(unit_ids.size());
   L2Window l2(gpu.l2_bytes);
   for (int64_t id : unit_ids) {
@@ -311,7 +307,11 @@ TraceCost cost_trace(const TraceData& trace, int device_type, const GpuSpec& spe
     u.op = id;
     try {
       u.features = compute_features(op_full_name(trace, op), op.inputs, op.outputs, gpu, opts);
-      add_autograd_self_clone(trace, op, survivors, u.features);
+      if (auto c = clones.find(id); c != clones.end()) {  // charged as a hidden copy
+        u.features.hidden_copy_bytes += 2.0 * c->second;
+        u.features.hidden_copies += 1;
+        u.features.kernels += 1;
+      }
       u.features.l2_hit_bytes = std::min(l2.hits(op), u.features.bytes_read);
       l2.wrote(op);
       u.time_s = analytic_time_s(u.features, gpu);
