@@ -179,6 +179,11 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
                            "trees": _m(metrics(lg.pred_s[m], t.measured_s[m]))}
         forests[kind] = {
             "file": fname, "target": "log_ratio", "features": list(t.features),
+            # what the trees were fitted on (predict applies p the same way either way)
+            "fit_target": "log(measured / analytic) less each training GPU chip's median "
+                          "(blink.train.fit.centred_by_chip)",
+            "training_chip_medians": {
+                c: _r(float(np.median(t.y[t.chip == c])), 4) for c in chips},
             "clip": list(CLIP), "scale": lg.scale,
             "scale_choice": "lowest leave-one-GPU-out MAPE of analytic x exp(clip(scale x p)) "
                             "over 0.05 .. 1 with every data set better than analytic; 1 where "
