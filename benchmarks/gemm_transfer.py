@@ -1,29 +1,28 @@
 """Does what one GPU's GEMMs teach transfer to another? A forest per GPU chip, scored on each
-other chip.
+other chip, and the forest of the other four fitted on raw and on chip-centred targets.
 
-    .venv/bin/python benchmarks/gemm_transfer.py [--rows-per-file N]      (~3 minutes)
+    .venv/bin/python benchmarks/gemm_transfer.py [--rows-per-file N]      (~15 s on 2 cores)
 
 Data: NeuSight's FP32 bmm + nn.Linear rows of the five GPUs it measured (P4, P100, T4,
 V100-PCIe, A100-PCIe-40GB), as `blink train` builds them (kernel times, the C++ features of
-this tree). For each chip, one forest (blink.train's parameters and rounds) learns
-log(measured / analytic) from that chip's rows alone; every other chip's rows are then
-predicted as analytic x exp(forest). The table prints each held-out chip's MAPE under the
-forest of every other chip, beside the analytic time and beside one forest fitted on the other
-four chips' rows (like `blink evaluate`'s unshrunk leave-one-GPU-out forest, "trees x1", which
-also learns DeepBench's GEMMs).
+this tree). For each chip, one forest (blink.train's parameters and rounds, its target centred
+per chip as `blink train` fits it: blink.train.fit.centred_by_chip) learns log(measured /
+analytic) from that chip's rows alone; every other chip's rows are then predicted as analytic x
+exp(forest), unshrunk. The table prints each held-out chip's MAPE under the forest of every
+other chip, beside the analytic time and beside one forest fitted on the other four chips'
+rows, on the raw target (what blink train fitted until 2026-12-07) and centred per chip.
 
-A residual that is a property of the kernels (a tile shape cuBLAS favours, a wave
-quantisation the model misses) would transfer between chips, most of all between chips of one
-architecture (P4 and P100 are both Pascal). What the table shows instead is why the GEMM forest
-does not ship and why per-op GEMM accuracy on unseen GPUs stays at the analytic model's: of
-the twenty pairs, two gain 0.2-0.3 points (the T4 under the A100's or the V100's forest) and
-eighteen lose 0.4-43 points, the P100's forest on its fellow Pascal P4 included (+9); the
-four-chip forest helps only the P100 (benchmarks/results/gemm_transfer.txt).
+A chip's median log-ratio is that board's own offset (its clocks under NeuSight's timing, its
+power cap); a forest on the raw target learns it through the GPU's spec features and hands it
+to the next board. Centred, a forest carries only how the ratio moves with the shape
+(benchmarks/results/gemm_transfer.txt).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,17 @@ def _mape(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.mean(np.abs(pred / meas - 1.0)) * 100.0)
 
 
+@contextlib.contextmanager
+def _raw_targets() -> Iterator[None]:
+    """fit.fit_forest on the raw log-ratio, as before the per-chip centring."""
+    saved = fit.centred_by_chip
+    fit.centred_by_chip = lambda t: np.asarray(t.y, dtype=np.float64)
+    try:
+        yield
+    finally:
+        fit.centred_by_chip = saved
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows-per-file", type=int, default=6000,
@@ -51,21 +61,25 @@ def main(argv: list[str] | None = None) -> int:
     chips = sorted(set(t.chip))
     own = {c: fit.fit_forest(t.subset(t.chip == c)) for c in chips}
     rest = {c: fit.fit_forest(t.subset(t.chip != c)) for c in chips}
+    with _raw_targets():
+        rest_raw = {c: fit.fit_forest(t.subset(t.chip != c)) for c in chips}
     w = max(len(c) for c in chips) + 2
     print("NeuSight FP32 GEMMs (bmm + nn.Linear): MAPE % of each held-out chip (rows) under a")
-    print("forest fitted on one other chip (columns), the analytic time, and the forest fitted")
-    print("on all four other chips")
+    print("forest fitted on one other chip (columns, centred), the analytic time, and the forest")
+    print("fitted on all four other chips on the raw target and centred per chip (unshrunk)")
     print(f"{'held out':{w}s}{'n':>7s}" + "".join(f"{c:>{w}s}" for c in chips)
-          + f"{'analytic':>10s}{'other 4':>9s}")
-    print("-" * (w + 7 + w * len(chips) + 19))
+          + f"{'analytic':>10s}{'4 raw':>8s}{'4 centred':>11s}{'centred/raw':>13s}")
+    print("-" * (w + 7 + w * len(chips) + 42))
     for h in chips:
         s = t.subset(t.chip == h)
         cells = "".join(
             f"{'-':>{w}s}" if c == h else
             f"{_mape(s.analytic_s * np.exp(own[c].raw_log_ratio(s.X)), s.measured_s):{w}.1f}"
             for c in chips)
+        raw = _mape(s.analytic_s * np.exp(rest_raw[h].raw_log_ratio(s.X)), s.measured_s)
+        cen = _mape(s.analytic_s * np.exp(rest[h].raw_log_ratio(s.X)), s.measured_s)
         print(f"{h:{w}s}{len(s):7d}{cells}{_mape(s.analytic_s, s.measured_s):10.1f}"
-              f"{_mape(s.analytic_s * np.exp(rest[h].raw_log_ratio(s.X)), s.measured_s):9.1f}")
+              f"{raw:8.1f}{cen:11.1f}{cen / raw:13.2f}")
     return 0
 
 
