@@ -14,8 +14,12 @@ rows, on the raw target (what blink train fitted until 2026-12-07) and centred p
 
 A chip's median log-ratio is that board's own offset (its clocks under NeuSight's timing, its
 power cap); a forest on the raw target learns it through the GPU's spec features and hands it
-to the next board. Centred, a forest carries only how the ratio moves with the shape
-(benchmarks/results/gemm_transfer.txt).
+to the next board. Centred, a forest carries only how the ratio moves with the shape.
+Measured 2026-12-07 (benchmarks/results/gemm_transfer.txt): single-chip forests still do not
+transfer (17 of the 20 pairs lose 0.2-24 points, two gain 0.7-1.1); unshrunk, the four-chip
+forest is better centred on the P100 (21.2 -> 14.8%) and the P4 (27.3 -> 25.5%) and worse on the
+A100 (11.5 -> 12.4%) and the T4 (20.0 -> 22.0%). What ships is shrunk and also learns
+DeepBench's GEMMs (`blink evaluate`: 16.4% analytic, 16.1% trees).
 """
 from __future__ import annotations
 
