@@ -15,6 +15,7 @@ __all__ = [
     "FOREST_PARAMS",
     "Forest",
     "centred_by_chip",
+    "chip_medians",
     "conformal_q",
     "fit_forest",
     "group_folds",
@@ -108,10 +109,15 @@ def centred_by_chip(t: KindTable) -> np.ndarray:
     layer norm 13.1 -> 12.9%; element-wise 1.8% either way. Centring each (chip, data set)
     instead scored the same or worse (GEMM 16.2%)."""
     y = np.array(t.y, dtype=np.float64, copy=True)
-    for c in sorted(set(t.chip.tolist())):
-        m = t.chip == c
-        y[m] -= float(np.median(y[m]))
+    for c, med in chip_medians(t).items():
+        y[t.chip == c] -= med
     return y
+
+
+def chip_medians(t: KindTable) -> dict[str, float]:
+    """Each GPU chip's median log(measured / analytic) over its rows of `t`: the board offsets
+    centred_by_chip takes off (and card.json records)."""
+    return {c: float(np.median(t.y[t.chip == c])) for c in sorted(set(t.chip.tolist()))}
 
 
 def fit_forest(t: KindTable, *, rounds: int = NUM_ROUNDS,

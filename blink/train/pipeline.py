@@ -30,6 +30,7 @@ from .fit import (
     CLIP,
     FOREST_PARAMS,
     NUM_ROUNDS,
+    chip_medians,
     conformal_q,
     fit_forest,
     metrics,
@@ -182,8 +183,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
             # what the trees were fitted on (predict applies p the same way either way)
             "fit_target": "log(measured / analytic) less each training GPU chip's median "
                           "(blink.train.fit.centred_by_chip)",
-            "training_chip_medians": {
-                c: _r(float(np.median(t.y[t.chip == c])), 4) for c in chips},
+            "training_chip_medians": {c: _r(v, 4) for c, v in chip_medians(t).items()},
             "clip": list(CLIP), "scale": lg.scale,
             "scale_choice": "lowest leave-one-GPU-out MAPE of analytic x exp(clip(scale x p)) "
                             "over 0.05 .. 1 with every data set better than analytic; 1 where "
