@@ -472,23 +472,31 @@ def test_bad_conformal_table(tmp_path, traces, monkeypatch):
         predict_trace(traces[2], GPU)
 
 
-def test_shipped_conv_forest_reads_every_tensor_core_mode_as_one(monkeypatch):
-    """The conv forest learned fp32 (CUDA cores) and fp16 (tensor cores) kernels only. bf16 and
-    TF32 convolutions run as tensor-core implicit GEMMs too, so they must take the forest's
-    tensor-core side: a bf16 conv of the same shape gets exactly the fp16 conv's correction on
-    the H200 (equal bf16 / fp16 peaks and bytes), and TF32 enters as a tensor-core unit. (The
-    H200 is a generation the forest never saw, so the core is asked to extrapolate, as it
-    does for a GNN.)"""
+def test_conv_forest_reads_every_tensor_core_mode_as_one(traces, tmp_path, monkeypatch):
+    """A conv forest sees a unit's math as the `tensor_core` flag, not its dtype: the public
+    conv rows are fp32 (CUDA cores) and fp16 (tensor cores) only, while bf16 and TF32
+    convolutions run as tensor-core implicit GEMMs too. So a bf16 conv gets exactly the fp16
+    conv's correction on the H200 (equal bf16 / fp16 peaks and bytes), and TF32 enters as a
+    tensor-core unit. (The H200 is a generation the forest never saw, so the core is asked to
+    extrapolate, as it does for a GNN.)"""
     from blink.cost import core_gpu_spec
     from blink.hardware import get_gpu
 
-    monkeypatch.delenv("BLINK_MODELS_DIR", raising=False)
-    card = json.loads((learned.models_dir() / "card.json").read_text())
-    if "conv" not in card.get("forests", {}):
-        pytest.skip("models/ ships no conv forest")
-    feats = card["forests"]["conv"]["features"]
-    assert "tensor_core" in feats and "dtype" not in feats and "math_mode" not in feats
-    um = learned.load_models().unit_models
+    feats = ["flops", "conv_c", "tensor_core", "gpu_mem_bw"]
+    half = blink.trace_model("torchvision:resnet18", batch_size=8, dtype="fp16")
+    parts = [_rows(half, "conv", feats)]
+    for t in traces.values():  # fp32 on CUDA cores: TF32 off
+        r = learned.trace_input_rows(t, GPU, allow_tf32_cudnn=False)
+        conv = [i for i, k in enumerate(r["kind"]) if k == "conv"]
+        parts.append(r["rows"][conv][:, [r["names"].index(f) for f in feats]])
+    x = np.concatenate(parts)
+    # a correction that differs between CUDA-core and tensor-core convs and with size
+    y = np.where(x[:, 2] > 0.5, -0.2, 0.3) + 0.05 * np.log10(x[:, 0])
+    booster = xgb.train({"max_depth": 3, "eta": 0.5, "nthread": 1}, xgb.DMatrix(x, y), 20)
+    d = _write_models(tmp_path / "m", {"conv": (booster, feats, (-1.0, 1.0))})
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(d))
+    assert set(x[:, 2].tolist()) == {0.0, 1.0}
+    um = learned.load_models(d).unit_models
     ratios = {}
     for dt in ("fp16", "bf16"):
         tr = blink.trace_model("torchvision:resnet18", batch_size=8, dtype=dt)

@@ -61,6 +61,19 @@ BLEND_WEIGHT_GNN = 0.5
 # forest shrunk to a sliver of its correction (choose_scale's smallest values) that wins by
 # hundredths of a point is noise, not a model.
 MIN_GAIN = 0.02
+# Data sets whose rows time an op as PyTorch runs it (ATen's dispatch, its cuDNN / cuBLAS calls
+# and algorithm choice, the neighbouring kernels' state of the caches). DeepBench calls cuDNN and
+# cuBLAS directly from its own harness, with the libraries of 2016-19, timing one kernel in a
+# loop: a forest fitted on it alone learns that harness and its software. The conv forest, all
+# of whose rows are DeepBench's, showed it: it beat the analytic model on DeepBench's held-out
+# GPUs (20.3% against 31.2% MAPE) yet made every whole-model time measured in PyTorch worse, on
+# the RTX 3090's 60 most conv-heavy timm models (benchmarks/conv_forest_extrapolation.py: 6.1%
+# against 5.3%) and in NVIDIA's published ResNet-50 / SE-ResNeXt / EfficientNet inference tables
+# on the V100 and the T4, boards it was fitted on (benchmarks/models_published.py, 33 GPU-bound
+# rows: 8.3% against 6.2% MAPE; it cut ResNet-50's conv time on the T4 by 19% where the analytic
+# time was within 3% of the measured). So a forest ships only if some of its rows were measured
+# in PyTorch; it is fitted and judged (blink evaluate) either way.
+PYTORCH_DATASETS = frozenset({"neusight-train"})
 
 
 def repo_root() -> Path:
@@ -148,20 +161,27 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         worse = [ds for ds, d in by_ds.items()
                  if not max(d[n]["mape"] for n in variants) < d["analytic"]["mape"]]
         gains = tree_mape < (1.0 - MIN_GAIN) * ana_mape
-        if not gains or worse:
+        in_pytorch = bool(set(t.dataset.tolist()) & PYTORCH_DATASETS)
+        if not gains or worse or not in_pytorch:
             # Shipped only where the trees beat the analytic model on GPUs they never saw, by
             # MIN_GAIN overall and in every data set they learned from (one set's protocol or
             # software must not win by outnumbering another's), gated and applied everywhere.
-            why = (f"LOGO MAPE trees {tree_mape:.2f}% (the worse of gated and every "
-                   f"generation) is not {100 * MIN_GAIN:g}% below "
-                   f"analytic {ana_mape:.2f}% (scale {lg.scale:g})"
-                   if not gains else
-                   "worse than analytic on held-out GPUs of " + ", ".join(
-                       f"{ds} ({max(by_ds[ds][n]['mape'] for n in variants):.1f}% vs "
-                       f"{by_ds[ds]['analytic']['mape']:.1f}%)" for ds in worse))
+            if not gains:
+                why = (f"LOGO MAPE trees {tree_mape:.2f}% (the worse of gated and every "
+                       f"generation) is not {100 * MIN_GAIN:g}% below "
+                       f"analytic {ana_mape:.2f}% (scale {lg.scale:g})")
+            elif worse:
+                why = "worse than analytic on held-out GPUs of " + ", ".join(
+                    f"{ds} ({max(by_ds[ds][n]['mape'] for n in variants):.1f}% vs "
+                    f"{by_ds[ds]['analytic']['mape']:.1f}%)" for ds in worse)
+            else:
+                why = (f"LOGO MAPE trees {tree_mape:.2f}% against analytic {ana_mape:.2f}%, "
+                       f"but fitted only on {', '.join(sorted(set(t.dataset.tolist())))}, "
+                       f"none of it measured in PyTorch (PYTORCH_DATASETS)")
             say(f"{kind}: {why}: not shipped, stays analytic")
             not_shipped[kind] = {"rows": len(t), "analytic_mape": _r(ana_mape, 3),
                                  "trees_mape": _r(tree_mape, 3), "scale": lg.scale, "why": why,
+                                 "datasets": sorted(set(t.dataset.tolist())),
                                  "by_dataset": by_ds,
                                  "split": "leave-one-GPU-out (chips)"}
             continue

@@ -1,0 +1,74 @@
+"""Whole-model inference times on GPUs Blink has no whole-model data for, against NVIDIA's
+published ConvNets tables (data/published/dle_convnets_inference.csv), through the reader and
+the predictions benchmarks/models_published.py reports."""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+from blink.hardware import get_gpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from models_published import (  # noqa: E402
+    DATA,
+    FLOOR_MULTIPLE,
+    GPUS,
+    LEFT_OUT,
+    MODELS,
+    gpu_bound,
+    predict,
+    read_rows,
+)
+
+
+def test_published_tables_map_onto_blinks_gpus_and_models():
+    rows = read_rows()
+    assert len(rows) > 100
+    assert not {r["model"] for r in rows} & LEFT_OUT
+    assert {r["model"] for r in rows} == set(MODELS) - LEFT_OUT
+    for g in {r["gpu"] for r in rows}:
+        assert get_gpu(GPUS[g]).name == GPUS[g]
+    tables = {(r["model"], r["gpu"], r["precision"]) for r in rows}
+    floor = {k: 0.0 for k in tables}
+    for r in rows:
+        if r["batch"] == "1":
+            floor[(r["model"], r["gpu"], r["precision"])] = 1000.0 / float(r["throughput_img_s"])
+    assert all(v > 5.0 for v in floor.values())  # a harness floor of milliseconds everywhere
+    scored = gpu_bound(rows)
+    # only rows well above their table's batch-1 time, and the largest batch of most tables
+    assert all(t >= FLOOR_MULTIPLE * floor[(r["model"], r["gpu"], r["precision"])]
+               for r, t in scored)
+    assert len({(r["model"], r["gpu"], r["precision"]) for r, _ in scored}) >= 0.8 * len(tables)
+    assert not any(r["batch"] == "1" for r, _ in scored)
+
+
+def test_left_out_resnext_table_runs_faster_than_the_t4_allows():
+    # The reason the benchmark drops ResNeXt101-32x4d's README: its T4 "FP32" batch of 64 would
+    # beat the roofline of the network it names, while ResNet-50 (half the FLOPs) does not.
+    import csv
+
+    with DATA.open(newline="") as f:
+        rx = [r for r in csv.DictReader(f) if r["model"] == "resnext101-32x4d"
+              and r["gpu"] == "T4" and r["precision"] == "FP32" and r["batch"] == "64"]
+    assert len(rx) == 1
+    published_ms = 1000.0 * 64 / float(rx[0]["throughput_img_s"])
+    p = predict("resnext101-32x4d", "T4", "FP32", 64)
+    assert p["roofline"] > 1.3 * published_ms
+    r50 = next(r for r, t in gpu_bound(read_rows()) if r["model"] == "resnet50"
+               and r["gpu"] == "T4" and r["precision"] == "FP32" and r["batch"] == "64")
+    assert predict("resnet50", "T4", "FP32", 64)["roofline"] < \
+        1000.0 * 64 / float(r50["throughput_img_s"])
+
+
+def test_resnet50_on_the_v100_and_t4_matches_published_times():
+    # 21.03's ResNet-50 v1.5 inference, FP32 and AMP channels-last, every GPU-bound row: Blink
+    # (the shipped models) within 20% of each (the V100's FP32 rows are predicted 13-17% slow)
+    # and within 10% on average, the roofline not.
+    pairs = [(predict("resnet50", r["gpu"], r["precision"], int(r["batch"])), t)
+             for r, t in gpu_bound(read_rows()) if r["model"] == "resnet50"]
+    assert len(pairs) >= 10
+    ape = [abs(p["blink"] / t - 1.0) for p, t in pairs]
+    assert max(ape) < 0.20 and statistics.fmean(ape) < 0.10, ape
+    roof = [abs(p["roofline"] / t - 1.0) for p, t in pairs]
+    assert statistics.fmean(roof) > 2 * statistics.fmean(ape)
