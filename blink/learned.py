@@ -267,12 +267,18 @@ def _load_conformal(card_path: Path, path: Path) -> dict[str, Any]:
     if not isinstance(unit, dict):
         raise _fail(path, "'unit' must be an object of {kind: {q, n}}")
     entries += [(f"unit.{k}", v) for k, v in unit.items()]
+    for key in ("model", "model_train"):
+        by = doc.get(key, {}).get("by_predictor", {}) if isinstance(doc.get(key), dict) else {}
+        if isinstance(by, dict):
+            entries += [(f"{key}.by_predictor.{k}", v) for k, v in by.items()]
     for what, e in entries:
         if not isinstance(e, dict):
             raise _fail(path, f"{what} must be an object with q and n")
-        q = _number(path, e.get("q"), f"{what}.q")
-        if q < 0:
-            raise _fail(path, f"{what}.q {q} is negative")
+        for name in ("q", "q_other_gpu"):
+            if name == "q" or name in e:
+                q = _number(path, e.get(name), f"{what}.{name}")
+                if q < 0:
+                    raise _fail(path, f"{what}.{name} {q} is negative")
     return doc
 
 
@@ -475,19 +481,23 @@ def model_correction_ms(models: LearnedModels, summary: dict[str, Any],
 
 
 def conformal_interval(models: LearnedModels, time_ms: float, predictor: str = "analytic",
-                       mode: str = "inference") -> tuple[float, float, str] | None:
+                       mode: str = "inference",
+                       gpu: str | None = None) -> tuple[float, float, str] | None:
     """(lower_ms, upper_ms, method) of the end-to-end time from the conformal table's model-level
     quantile for `predictor` (what produced time_ms: "analytic", "trees", "trees+gnn", ...), or
     None without one: time * exp(-q) .. time * exp(q). A predictor the table has no entry for
     takes the top-level (analytic) entry, and the method says which predictor that was for.
     Training steps (mode "train") use the table's training-step entry ("model_train") where
-    it has one, as their residuals are not inference's."""
+    it has one, as their residuals are not inference's. On a `gpu` outside the entry's
+    calibration GPUs (other_gpu.calibrated_on) q is the entry's q_other_gpu where it has one:
+    widened by the per-unit data's board-level spread (blink.train.pipeline.chip_level_offsets)."""
     c = models.conformal
     if c is None or not isinstance(c.get("model"), dict):
         return None
     e = c["model"]
     if mode == "train" and isinstance(c.get("model_train"), dict):
         e = c["model_train"]
+    other = e.get("other_gpu") if isinstance(e.get("other_gpu"), dict) else None
     by = e.get("by_predictor")
     if isinstance(by, dict) and isinstance(by.get(predictor), dict):
         e = by[predictor]
@@ -495,9 +505,16 @@ def conformal_interval(models: LearnedModels, time_ms: float, predictor: str = "
     n = e.get("n")
     of = e.get("predictor")
     cal = e.get("calibration", c["calibration"])
+    widened = ""
+    if (gpu is not None and other is not None and "q_other_gpu" in e
+            and gpu not in other.get("calibrated_on", [])):
+        q = float(e["q_other_gpu"])
+        widened = (f"; widened for {gpu}, a GPU outside that calibration "
+                   f"({', '.join(other.get('calibrated_on', []))}), by the board-level spread "
+                   f"of the per-unit data ({len(other.get('chip_offsets', {}))} GPU chips)")
     method = (f"{c['method']}: {100 * float(c['coverage']):.0f}% nominal coverage"
               f"{'' if not of else f' for the {of} time'}, calibrated on {cal}"
-              f"{'' if n is None else f' (n={n})'} [{models.conformal_path}]")
+              f"{'' if n is None else f' (n={n})'}{widened} [{models.conformal_path}]")
     return time_ms * math.exp(-q), time_ms * math.exp(q), method
 
 

@@ -801,7 +801,7 @@ def predict_trace(t: Trace, gpu: str = "H200", *, expandable_segments: bool | No
                                + (["model"] if blended else [])) or "analytic")
     # Compiled mode re-times the fused kernels analytically, so its interval is analytic's.
     conf = (conformal_interval(models, time_ms, "analytic" if compiled else used_predictor,
-                               mode) if models is not None else None)
+                               mode, spec.name) if models is not None else None)
     if conf is not None:
         lower_ms, upper_ms, interval_method = conf
     smi = mem["peak_reserved_bytes"] + CUDA_CONTEXT_BYTES

@@ -344,6 +344,39 @@ def test_conformal_table_sets_intervals(traces, tmp_path, monkeypatch):
     assert a.interval_method == INTERVAL_METHOD
 
 
+def test_interval_widens_on_a_gpu_outside_the_calibration(traces, tmp_path, monkeypatch):
+    """A whole-model q calibrated on one GPU's models: a GPU outside other_gpu.calibrated_on
+    takes q_other_gpu and the method says so; a calibration GPU keeps q."""
+    offsets = {"T4": 0.1, "V100": -0.05, "A100-40GB": 0.0}
+    conformal = {"format_version": 1, "method": "split-conformal (absolute log-ratio residuals)",
+                 "coverage": 0.9, "calibration": "timm-rtx3090 held-out families",
+                 "model": {"q": 0.1, "n": 120, "predictor": "analytic", "q_other_gpu": 0.2,
+                           "other_gpu": {"calibrated_on": [GPU], "chip_offsets": offsets},
+                           "by_predictor": {"trees": {"q": 0.12, "n": 120,
+                                                      "predictor": "forests",
+                                                      "q_other_gpu": 0.25}}}}
+    _write_models(tmp_path / "m", {"conv": (_conv_forest(traces), CONV_FEATURES, (-4.0, 4.0))},
+                  conformal)
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(tmp_path / "m"))
+    here = predict_trace(traces[8], GPU)  # the calibration GPU
+    assert here.predictor == "trees"
+    assert here.upper_ms == pytest.approx(here.time_ms * math.exp(0.12), rel=1e-12)
+    assert "widened" not in here.interval_method
+    other = predict_trace(traces[8], "T4")
+    assert other.predictor == "trees"
+    assert other.lower_ms == pytest.approx(other.time_ms * math.exp(-0.25), rel=1e-12)
+    assert other.upper_ms == pytest.approx(other.time_ms * math.exp(0.25), rel=1e-12)
+    assert f"widened for T4, a GPU outside that calibration ({GPU})" in other.interval_method
+    assert "(3 GPU chips)" in other.interval_method
+    # a negative q_other_gpu is a corrupt table
+    conformal["model"]["by_predictor"]["trees"]["q_other_gpu"] = -0.1
+    _write_models(tmp_path / "bad", {"conv": (_conv_forest(traces), CONV_FEATURES, (-4.0, 4.0))},
+                  conformal)
+    monkeypatch.setenv("BLINK_MODELS_DIR", str(tmp_path / "bad"))
+    with pytest.raises(ArtifactError, match=r"by_predictor.trees.q_other_gpu -0.1 is negative"):
+        predict_trace(traces[8], "T4")
+
+
 def test_python_input_row_equals_the_core_vector(traces):
     """Training builds rows with learned.input_row from features dicts; predict builds them in
     C++: the same names must give the same numbers."""

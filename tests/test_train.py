@@ -22,7 +22,11 @@ from blink.train import data as D  # noqa: E402
 from blink.train import fit as F  # noqa: E402
 from blink.train import model_level as ML  # noqa: E402
 from blink.train import timm_cache as TC  # noqa: E402
-from blink.train.pipeline import PYTORCH_DATASETS  # noqa: E402
+from blink.train.pipeline import (  # noqa: E402
+    PYTORCH_DATASETS,
+    chip_level_offsets,
+    other_gpu_q,
+)
 from blink.train.units import (  # noqa: E402
     SCALE_GRID,
     PairForests,
@@ -314,6 +318,23 @@ def test_conformal_quantile_is_the_split_conformal_rank():
     r = np.arange(1, 101, dtype=float)       # 1..100
     assert F.conformal_q(r, 0.9) == 91.0     # ceil(101 * 0.9) = 91st smallest
     assert F.conformal_q(np.arange(5.0), 0.9) == math.inf
+
+
+def test_other_gpu_interval_adds_the_boards_level_spread(small_tables):
+    """On a GPU outside the whole-model calibration the interval composes each whole-model
+    residual with every board's level offset read off the per-unit rows."""
+    offsets = chip_level_offsets(small_tables)
+    chips = {c for t in small_tables.values() for c in t.chip.tolist()}
+    assert set(offsets) == chips and len(chips) >= 5
+    assert float(np.median(list(offsets.values()))) == pytest.approx(0.0, abs=1e-12)
+    # a board measured slower than the analytic model's common level (the 70 W T4) sits above
+    assert offsets["T4"] > 0.0
+    # with no residual of its own, q is the 90% rank of |offset| over the pairs
+    assert other_gpu_q(np.zeros(9), {"a": 0.0, "b": 0.3}) == pytest.approx(0.3)
+    assert other_gpu_q(np.zeros(9), {"a": 0.0, "b": 0.0}) == 0.0
+    r = np.random.default_rng(0).normal(0.0, 0.1, 500)
+    assert other_gpu_q(r, {"a": 0.0}) == F.conformal_q(np.abs(r), 0.9)
+    assert other_gpu_q(r, offsets) > F.conformal_q(np.abs(r), 0.9)
 
 
 def test_conformal_coverage_on_a_held_out_split_is_nominal(elem_table):

@@ -95,6 +95,46 @@ def _r(x: float, nd: int = 4) -> float | None:
     return None if not math.isfinite(x) else round(float(x), nd)
 
 
+# The whole-model intervals are calibrated on one GPU's models (the RTX 3090's timm times). On
+# any other GPU the prediction also carries that board's own level error: its clocks, power cap,
+# memory system and software put its kernels off the analytic model by a board-wide factor the
+# RTX 3090's residuals do not contain. The per-unit rows are the only measurements of many
+# boards, so they give its spread: each GPU chip's median log(measured / analytic) over all its
+# unit rows, less the median over chips (the common level is what the whole-model residuals
+# already calibrate). On a GPU outside the calibration the interval is the conformal quantile of
+# |r + o| over every pair of a whole-model residual r and a chip offset o, the two taken as
+# independent. Not fitted to any whole-model row of another GPU; checked on NVIDIA's published
+# V100 / T4 / A100 tables (benchmarks/models_published.py).
+CALIBRATION_GPUS = ("RTX3090",)
+
+
+def chip_level_offsets(tables: dict[str, Any]) -> dict[str, float]:
+    """Each chip's median log(measured / analytic) over its unit rows of every kind, less the
+    median of those over the chips."""
+    chips = sorted({c for t in tables.values() for c in t.chip.tolist()})
+    med = {c: float(np.median(np.concatenate([t.y[t.chip == c] for t in tables.values()])))
+           for c in chips}
+    mid = float(np.median(list(med.values())))
+    return {c: v - mid for c, v in med.items()}
+
+
+def other_gpu_q(log_residuals: np.ndarray, offsets: dict[str, float]) -> float:
+    """The conformal quantile of |r + o| over every (whole-model residual r, chip offset o)."""
+    r = np.asarray(log_residuals, dtype=np.float64)
+    o = np.array(list(offsets.values()), dtype=np.float64)
+    return conformal_q(np.abs((r[:, None] + o[None, :]).ravel()), COVERAGE)
+
+
+def _other_gpu_entry(offsets: dict[str, float]) -> dict[str, Any]:
+    return {"calibrated_on": list(CALIBRATION_GPUS),
+            "chip_offsets": {c: _r(v, 4) for c, v in offsets.items()},
+            "calibration": "on a GPU outside calibrated_on, q_other_gpu: the conformal "
+                           "quantile of |r + o| over the whole-model residuals r and the "
+                           "per-unit rows' board-level offsets o (each chip's median "
+                           "log(measured / analytic), centred; blink.train.pipeline."
+                           "chip_level_offsets)"}
+
+
 def _m(d: dict[str, float]) -> dict[str, Any]:
     return {k: (_r(v) if isinstance(v, float) else v) for k, v in d.items()}
 
@@ -127,6 +167,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
                       neusight_mixed_rows=neusight_mixed_rows, floors=floors)
     tables = tables_by_kind(rows)
     say(f"{len(rows)} unit rows: " + ", ".join(f"{k} {len(t)}" for k, t in tables.items()))
+    offsets = chip_level_offsets(tables)
 
     forests: dict[str, Any] = {}
     not_shipped: dict[str, Any] = {}
@@ -266,6 +307,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         q_ana = conformal_q(r_ana, COVERAGE)
         conformal_model = {
             "q": _r(q_ana, 6), "n": len(mt), "predictor": "analytic (blink.predict time_ms)",
+            "q_other_gpu": _r(other_gpu_q(np.log(mt.measured_ms / mt.analytic_ms), offsets), 6),
+            "other_gpu": _other_gpu_entry(offsets),
             "model_level": {"q": _r(q_corr, 6), "n": len(mt),
                             "predictor": "model-level correction (forest_model.json)",
                             "calibration": "out-of-fold over 5 held-out-family folds"},
@@ -307,7 +350,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
         gnn_card = _train_gnn(out_dir, graphs, forests, mt, conformal_model, say, p_corr)
 
     # The training-step correction, on the timm training file's steps.
-    train_card, conformal_train = _train_steps(out_dir, train_cache, say)
+    train_card, conformal_train = _train_steps(out_dir, train_cache, say, offsets)
 
     conformal = {
         "format_version": 1, "method": "split-conformal (absolute log-ratio residuals)",
@@ -422,8 +465,8 @@ def _beyond_bound(mt: ml.ModelTable) -> dict[str, Any]:
                        zip(mt.model[out], mt.batch[out], ratio[out], strict=True)]}
 
 
-def _train_steps(out_dir: Path, cache: Path,
-                 say: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+def _train_steps(out_dir: Path, cache: Path, say: Any,
+                 offsets: dict[str, float]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The training-step correction (forest_model_train.json) on the timm training file's
     cached steps: the same features and forest as the inference correction, its own fit. Ships
     only if it beats the analytic time on held-out families. Returns (card entry, conformal
@@ -468,6 +511,8 @@ def _train_steps(out_dir: Path, cache: Path,
     conformal = {
         "q": _r(q_ana, 6), "n": len(mt),
         "predictor": "analytic (blink.predict time_ms) of a training step",
+        "q_other_gpu": _r(other_gpu_q(np.log(mt.measured_ms / mt.analytic_ms), offsets), 6),
+        "other_gpu": _other_gpu_entry(offsets),
         "calibration": "timm-rtx3090 training steps (no model fitted on them)",
         "by_predictor": {"model": {
             "q": _r(q_corr, 6), "n": len(mt),
@@ -521,8 +566,12 @@ def _train_gnn(out_dir: Path, graphs: Path, forests: dict[str, Any], mt: ml.Mode
     m_gnn["coverage"] = float(np.mean(np.abs(np.log(meas[ok] / pred[ok])) <= held_q[ok]))
     m_trees["coverage"] = float(np.mean(np.abs(np.log(meas[ok] / trees_ms[ok])) <= q_trees))
     by = conformal_model.setdefault("by_predictor", {})
-    by["analytic"] = {k: conformal_model[k] for k in ("q", "n", "predictor")}
+    by["analytic"] = {k: conformal_model[k] for k in ("q", "n", "predictor", "q_other_gpu")
+                      if k in conformal_model}
+    offsets = conformal_model.get("other_gpu", {}).get("chip_offsets")
     by["trees"] = {"q": _r(q_trees, 6), "n": int(ok.sum()),
+                   **({"q_other_gpu": _r(other_gpu_q(np.log(meas[ok] / trees_ms[ok]),
+                                                     offsets), 6)} if offsets else {}),
                    "predictor": "per-unit forests (the timeline of their unit times)",
                    "calibration": "timm-rtx3090 residuals of that timeline as predict makes "
                                   "it without a GNN (a forest whose GPU generations do not "
