@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..hardware import get_gpu
 from ..learned import blend_ms
 from . import model_level as ml
 from .data import (
@@ -36,6 +37,7 @@ from .fit import (
     metrics,
     xgb,
 )
+from .timm_cache import GPU as TIMM_GPU
 from .timm_cache import default_cache_path, load_cache
 from .timm_graphs import GraphWriter, default_graphs_path, load_graphs
 from .units import (
@@ -105,7 +107,6 @@ def _r(x: float, nd: int = 4) -> float | None:
 # |r + o| over every pair of a whole-model residual r and a chip offset o, the two taken as
 # independent. Not fitted to any whole-model row of another GPU; checked on NVIDIA's published
 # V100 / T4 / A100 tables (benchmarks/models_published.py).
-CALIBRATION_GPUS = ("RTX3090",)
 
 
 def chip_level_offsets(tables: dict[str, Any]) -> dict[str, float]:
@@ -126,7 +127,8 @@ def other_gpu_q(log_residuals: np.ndarray, offsets: dict[str, float]) -> float:
 
 
 def _other_gpu_entry(offsets: dict[str, float]) -> dict[str, Any]:
-    return {"calibrated_on": list(CALIBRATION_GPUS),
+    # predict names GPUs by their hardware-table name (the timm cache's alias resolves to it)
+    return {"calibrated_on": [get_gpu(TIMM_GPU).name],
             "chip_offsets": {c: _r(v, 4) for c, v in offsets.items()},
             "calibration": "on a GPU outside calibrated_on, q_other_gpu: the conformal "
                            "quantile of |r + o| over the whole-model residuals r and the "
@@ -347,7 +349,8 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     # The end-to-end GNN, on the graphs of the same timm models.
     gnn_card: dict[str, Any] | None = None
     if model_card is not None:
-        gnn_card = _train_gnn(out_dir, graphs, forests, mt, conformal_model, say, p_corr)
+        gnn_card = _train_gnn(out_dir, graphs, forests, mt, conformal_model, say, p_corr,
+                              offsets)
 
     # The training-step correction, on the timm training file's steps.
     train_card, conformal_train = _train_steps(out_dir, train_cache, say, offsets)
@@ -530,8 +533,8 @@ def _forests_card(forests: dict[str, Any]) -> dict[str, Any]:
 
 
 def _train_gnn(out_dir: Path, graphs: Path, forests: dict[str, Any], mt: ml.ModelTable,
-               conformal_model: dict[str, Any], say: Any,
-               p_corr: np.ndarray | None = None) -> dict[str, Any] | None:
+               conformal_model: dict[str, Any], say: Any, p_corr: np.ndarray | None = None,
+               offsets: dict[str, float] | None = None) -> dict[str, Any] | None:
     """Fit the GNN on the trees variant of the timm graphs, held-out families first; ship it
     (models/gnn.safetensors) only if it beats the forests' timeline on held-out families. Adds
     the end-to-end conformal entries of the trees and trees+gnn times to `conformal_model`.
@@ -568,7 +571,6 @@ def _train_gnn(out_dir: Path, graphs: Path, forests: dict[str, Any], mt: ml.Mode
     by = conformal_model.setdefault("by_predictor", {})
     by["analytic"] = {k: conformal_model[k] for k in ("q", "n", "predictor", "q_other_gpu")
                       if k in conformal_model}
-    offsets = conformal_model.get("other_gpu", {}).get("chip_offsets")
     by["trees"] = {"q": _r(q_trees, 6), "n": int(ok.sum()),
                    **({"q_other_gpu": _r(other_gpu_q(np.log(meas[ok] / trees_ms[ok]),
                                                      offsets), 6)} if offsets else {}),
