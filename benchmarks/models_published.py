@@ -41,6 +41,8 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -61,17 +63,22 @@ GPUS = {"V100-16GB": "V100", "T4": "T4", "A100-80GB": "A100-80GB"}
 warnings.filterwarnings("ignore", message="Mapping deprecated model name")
 
 
-def read_rows() -> list[dict[str, str]]:
-    """The published rows with a throughput, less the LEFT_OUT models."""
+def read_rows(keep_left_out: bool = False) -> list[dict[str, str]]:
+    """The published rows with a throughput, less the LEFT_OUT models unless `keep_left_out`."""
     with DATA.open(newline="") as f:
         return [r for r in csv.DictReader(f)
-                if r["throughput_img_s"] and r["model"] not in LEFT_OUT]
+                if r["throughput_img_s"] and (keep_left_out or r["model"] not in LEFT_OUT)]
+
+
+def batch_ms(r: dict[str, str]) -> float:
+    """A row's published time of one batch (ms): batch / throughput."""
+    return 1000.0 * int(r["batch"]) / float(r["throughput_img_s"])
 
 
 def gpu_bound(rows: list[dict[str, str]]) -> list[tuple[dict[str, str], float]]:
     """(row, published ms per batch) of the rows at least FLOOR_MULTIPLE x their table's
     batch-1 time."""
-    ms = [(r, 1000.0 * int(r["batch"]) / float(r["throughput_img_s"])) for r in rows]
+    ms = [(r, batch_ms(r)) for r in rows]
     floor = {(r["model"], r["gpu"], r["precision"]): t for r, t in ms if r["batch"] == "1"}
     return [(r, t) for r, t in ms
             if t >= FLOOR_MULTIPLE * floor[(r["model"], r["gpu"], r["precision"])]]
@@ -96,11 +103,12 @@ def predict(model: str, gpu: str, precision: str, batch: int) -> dict[str, float
 
 
 def _stats(pairs: list[tuple[float, float]]) -> str:
-    ape = sorted(abs(p / m - 1.0) * 100.0 for p, m in pairs)
-    p90 = ape[min(len(ape) - 1, int(round(0.9 * (len(ape) - 1))))]
-    ratio = statistics.median(p / m for p, m in pairs)
-    return (f"{statistics.fmean(ape):6.1f} {statistics.median(ape):6.1f} {p90:6.1f} "
-            f"{ratio:6.2f}")
+    from blink.train.fit import metrics
+
+    pred, meas = (np.array(x) for x in zip(*pairs, strict=True))
+    m = metrics(pred, meas)
+    return (f"{m['mape']:6.1f} {m['median_ape']:6.1f} {m['p90_ape']:6.1f} "
+            f"{float(np.median(pred / meas)):6.2f}")
 
 
 def main() -> int:

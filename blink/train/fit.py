@@ -19,6 +19,7 @@ __all__ = [
     "conformal_q",
     "fit_forest",
     "group_folds",
+    "medians_by_chip",
     "metrics",
     "shrunk_s",
     "xgb",
@@ -117,7 +118,12 @@ def centred_by_chip(t: KindTable) -> np.ndarray:
 def chip_medians(t: KindTable) -> dict[str, float]:
     """Each GPU chip's median log(measured / analytic) over its rows of `t`: the board offsets
     centred_by_chip takes off (and card.json records)."""
-    return {c: float(np.median(t.y[t.chip == c])) for c in sorted(set(t.chip.tolist()))}
+    return medians_by_chip(t.y, t.chip)
+
+
+def medians_by_chip(y: np.ndarray, chip: np.ndarray) -> dict[str, float]:
+    """The median of `y` over each chip's rows, by chip name (sorted)."""
+    return {c: float(np.median(y[chip == c])) for c in sorted(set(chip.tolist()))}
 
 
 def fit_forest(t: KindTable, *, rounds: int = NUM_ROUNDS,

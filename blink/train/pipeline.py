@@ -34,6 +34,7 @@ from .fit import (
     chip_medians,
     conformal_q,
     fit_forest,
+    medians_by_chip,
     metrics,
     xgb,
 )
@@ -112,9 +113,8 @@ def _r(x: float, nd: int = 4) -> float | None:
 def chip_level_offsets(tables: dict[str, Any]) -> dict[str, float]:
     """Each chip's median log(measured / analytic) over its unit rows of every kind, less the
     median of those over the chips."""
-    chips = sorted({c for t in tables.values() for c in t.chip.tolist()})
-    med = {c: float(np.median(np.concatenate([t.y[t.chip == c] for t in tables.values()])))
-           for c in chips}
+    med = medians_by_chip(np.concatenate([t.y for t in tables.values()]),
+                          np.concatenate([t.chip for t in tables.values()]))
     mid = float(np.median(list(med.values())))
     return {c: v - mid for c, v in med.items()}
 
@@ -350,7 +350,7 @@ def train(data: str | Path | None = None, out: str | Path | None = None, *,
     gnn_card: dict[str, Any] | None = None
     if model_card is not None:
         gnn_card = _train_gnn(out_dir, graphs, forests, mt, conformal_model, say, p_corr,
-                              offsets)
+                              offsets=offsets)
 
     # The training-step correction, on the timm training file's steps.
     train_card, conformal_train = _train_steps(out_dir, train_cache, say, offsets)
@@ -534,7 +534,7 @@ def _forests_card(forests: dict[str, Any]) -> dict[str, Any]:
 
 def _train_gnn(out_dir: Path, graphs: Path, forests: dict[str, Any], mt: ml.ModelTable,
                conformal_model: dict[str, Any], say: Any, p_corr: np.ndarray | None = None,
-               offsets: dict[str, float] | None = None) -> dict[str, Any] | None:
+               *, offsets: dict[str, float]) -> dict[str, Any] | None:
     """Fit the GNN on the trees variant of the timm graphs, held-out families first; ship it
     (models/gnn.safetensors) only if it beats the forests' timeline on held-out families. Adds
     the end-to-end conformal entries of the trees and trees+gnn times to `conformal_model`.
@@ -572,8 +572,7 @@ def _train_gnn(out_dir: Path, graphs: Path, forests: dict[str, Any], mt: ml.Mode
     by["analytic"] = {k: conformal_model[k] for k in ("q", "n", "predictor", "q_other_gpu")
                       if k in conformal_model}
     by["trees"] = {"q": _r(q_trees, 6), "n": int(ok.sum()),
-                   **({"q_other_gpu": _r(other_gpu_q(np.log(meas[ok] / trees_ms[ok]),
-                                                     offsets), 6)} if offsets else {}),
+                   "q_other_gpu": _r(other_gpu_q(np.log(meas[ok] / trees_ms[ok]), offsets), 6),
                    "predictor": "per-unit forests (the timeline of their unit times)",
                    "calibration": "timm-rtx3090 residuals of that timeline as predict makes "
                                   "it without a GNN (a forest whose GPU generations do not "
