@@ -217,15 +217,17 @@ inline constexpr double kConvSimtPowerFraction = 0.585;
 // GEMMs over the 36 transformed tiles do a quarter of the direct multiplies, at a lower rate
 // than one large GEMM (K = C per tile, 36 small products), so the main loop is costed as an
 // implicit GEMM of direct FLOPs / this reduction; the transformed tiles are extra traffic
-// (below). Fitted on the public DeepBench FP32 convolutions (shared/data/public/deepbench,
-// cuDNN 7.6 via cudnnFind*, fwd + both backward passes, six boards), one board held out at a
+// (below). Fitted on the public DeepBench CUDA-core convolutions (shared/data/public/deepbench,
+// cuDNN 7.6 via cudnnFind*: FP32 on six boards and the P100's fp16, fwd + both backward passes;
+// the tensor-core rows do not take the rule and did not move), one board held out at a
 // time over a 2.25-4 grid (0.25 steps): five folds choose 3.5, one 3.75; held-out analytic
 // conv MAPE 31.2 -> 29.2% (every board but the TITAN X Pascal better; the 3x3 stride-1 rows,
 // median measured / analytic 0.74-0.97 at 2.25, were the ones off). Until 2026-12-07 it was
 // 2.25 (F(2x2, 3x3)'s count, not fitted). Checked on what no fit saw: NVIDIA's published
 // PyTorch ResNet-50 FP32 inference (data/published/dle_convnets_inference.csv, cuDNN 8, V100
-// and T4) goes 7.0 -> 4.8% MAPE (benchmarks/models_published.py). Only FP32 CUDA-core
-// convolutions take it: TF32 / half-precision ones run tensor-core implicit GEMM.
+// and T4) goes 7.0 -> 4.8% MAPE (benchmarks/models_published.py). Only CUDA-core
+// convolutions take it (FP32, or half precision on a GPU without tensor cores): TF32 and
+// tensor-core half-precision ones run implicit GEMM on the tensor cores.
 inline constexpr double kWinogradFlopReduction = 3.5;
 // WINOGRAD_NONFUSED writes and re-reads the transformed input / output tiles (6x6 per 4x4: 2.25x
 // the tensor) in separate transform kernels.
