@@ -40,7 +40,10 @@ centred per chip (blink.train.fit.centred_by_chip): DeepBench's larger batches 2
 models 6.1% with the shipped forest against analytic 5.3% (it lowers conv time by ~5%), the
 batch-free set 15.2%: the gate stays. With NVIDIA's published V100 / T4 whole-model tables
 showing the same inside its own generations (benchmarks/models_published.py), the forest no
-longer ships at all (2026-12-07); this benchmark fits it itself.
+longer ships at all (2026-12-07); this benchmark fits it itself. Since the FP32 Winograd
+reduction (kWinogradFlopReduction, the same day) the analytic DeepBench figure is 27.9%, the
+forest 26.8% at scale 1 (batch-free 24.1%), and on the 60 RTX 3090 models the refitted forest
+is neutral (5.2% against analytic 5.3%; batch-free 17.1%).
 """
 from __future__ import annotations
 

@@ -190,18 +190,15 @@ def level_bound() -> None:
     print("4. GEMM (NeuSight + DeepBench), leave-one-GPU-out MAPE, and with each held-out "
           "chip's level known (oracle)")
     print(f"{'predictor':10} {'MAPE':>6} {'oracle level':>13} {'oracle (chip, data set)':>24}")
+    pair = np.char.add(np.char.add(t.chip.astype(str), ":"), t.dataset.astype(str))
     for name, pred in (("analytic", t.analytic_s), ("trees", r["trees"])):
         lvl = np.log(t.measured_s / pred)
-        chip_lvl = np.zeros(len(t))
-        pair_lvl = np.zeros(len(t))
-        for c in np.unique(t.chip):
-            k = t.chip == c
-            chip_lvl[k] = np.median(lvl[k])
-            for d in np.unique(t.dataset[k]):
-                kd = k & (t.dataset == d)
-                pair_lvl[kd] = np.median(lvl[kd])
+        levels = []  # each row's own chip's level, then its (chip, data set)'s
+        for groups in (t.chip, pair):
+            med = fit.medians_by_chip(lvl, groups)
+            levels.append(np.array([med[g] for g in groups.tolist()]))
         cells = [fit.metrics(p, t.measured_s)["mape"]
-                 for p in (pred, pred * np.exp(chip_lvl), pred * np.exp(pair_lvl))]
+                 for p in (pred, *(pred * np.exp(v) for v in levels))]
         print(f"{name:10} {cells[0]:6.1f} {cells[1]:13.1f} {cells[2]:24.1f}")
 
 

@@ -11,8 +11,9 @@ the RTX 3090's timm set, so these are whole-model checks on GPUs Blink's end-to-
 never saw. The per-kernel models did see the V100 and the T4 (NeuSight, DeepBench kernels) and
 an A100 PCIe 40GB; nothing here was fitted on any of these rows. One choice was made with them:
 the conv forest, which cut the V100's and T4's conv times ~19% and made these rows worse (33
-V100 / T4 rows: 8.3% against the analytic 6.2% MAPE), no longer ships (PYTORCH_DATASETS in
-blink/train/pipeline.py), so their V100 / T4 figures are not independent of that choice.
+V100 / T4 rows: 8.3% against the analytic 6.2% MAPE at the time), no longer ships
+(PYTORCH_DATASETS in blink/train/pipeline.py), so their V100 / T4 figures are not independent of
+that choice.
 
 Measured: one batch's time, batch / throughput. Blink: the same network from timm /
 torchvision at random init (ResNet-50 v1.5 is torchvision's resnet50; the others timm's

@@ -58,7 +58,7 @@ def test_left_out_resnext_table_runs_faster_than_the_t4_allows():
 
 def test_resnet50_on_the_v100_and_t4_matches_published_times():
     # 21.03's ResNet-50 v1.5 inference, FP32 and AMP channels-last, every GPU-bound row: Blink
-    # (the shipped models) within 20% of each (the V100's FP32 rows are predicted 13-17% slow)
+    # (the shipped models) within 20% of each (the V100's FP32 rows are predicted 8-11% slow)
     # and within 10% on average, the roofline not.
     pairs = [(predict("resnet50", r["gpu"], r["precision"], int(r["batch"])), t)
              for r, t in gpu_bound(read_rows()) if r["model"] == "resnet50"]
