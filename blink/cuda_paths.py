@@ -58,6 +58,28 @@ __all__ = ["install", "cudnn_rnn_reserve_bytes", "RNN_MODES"]
 
 _aten = torch.ops.aten
 
+
+class _OverrideLibrary(torch.library.Library):
+    """An ``aten`` IMPL library whose kernels replace those already registered, Python ones
+    included. Overriding is the point of every rule here, but torch 2.11's ``Library.impl``
+    refuses to replace a kernel that torch itself registered from Python (the meta kernels of
+    ``convolution``, ``_cudnn_rnn``, ``_grouped_mm``, ``masked_fill``) unless
+    ``allow_override=True``, its default only in later releases; torch <= 2.11 also warns
+    "Overriding a previously registered kernel" on every override."""
+
+    def impl(self, op_name: Any, fn: Callable[..., Any], dispatch_key: str = "", *,
+             with_keyset: bool = False, allow_override: bool = True) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            super().impl(op_name, fn, dispatch_key, with_keyset=with_keyset,
+                         allow_override=allow_override)
+
+
+def override_library() -> torch.library.Library:
+    """A fresh ``aten`` IMPL library for overriding kernels during a trace (its ``_destroy``
+    puts the previous kernels back)."""
+    return _OverrideLibrary("aten", "IMPL")
+
 # cudnnRNNMode_t values, as RNN.cpp passes them to _cudnn_rnn (mode), with their gate counts.
 RNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}
 _GATES = {0: 1, 1: 1, 2: 4, 3: 3}
@@ -280,10 +302,8 @@ def _rnn_meta(lib: torch.library.Library) -> None:
                 offset += w.numel()
         return dx, dhx, dcx, dw
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        lib.impl("_cudnn_rnn", cudnn_rnn, "Meta")
-        lib.impl("_cudnn_rnn_backward", cudnn_rnn_backward, "Meta")
+    lib.impl("_cudnn_rnn", cudnn_rnn, "Meta")
+    lib.impl("_cudnn_rnn_backward", cudnn_rnn_backward, "Meta")
 
 
 def _grouped_mm_meta(lib: torch.library.Library) -> None:
@@ -327,9 +347,7 @@ def _grouped_mm_meta(lib: torch.library.Library) -> None:
         stride = [padded, 1] if len(size) == 2 else [size[1] * padded, padded, 1]
         return torch.empty_strided(size, stride, dtype=out, device=mat_a.device)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        lib.impl("_grouped_mm", grouped_mm, "Meta")
+    lib.impl("_grouped_mm", grouped_mm, "Meta")
 
 
 def _masked_fill_meta(lib: torch.library.Library) -> None:
@@ -358,10 +376,8 @@ def _masked_fill_meta(lib: torch.library.Library) -> None:
         check(mask, value)
         return _aten.masked_fill_.Scalar(self, mask, 0)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        lib.impl("masked_fill.Tensor", masked_fill, "Meta")
-        lib.impl("masked_fill_.Tensor", masked_fill_, "Meta")
+    lib.impl("masked_fill.Tensor", masked_fill, "Meta")
+    lib.impl("masked_fill_.Tensor", masked_fill_, "Meta")
 
 
 # ---- dropout and batch norm ---------------------------------------------------------------
@@ -664,15 +680,12 @@ def install(undo: list[Callable[[], None]], cc: tuple[int, int] = (9, 0)) -> Non
     removes it to `undo` (run in reverse)."""
     if getattr(_disabled, "on", False):
         return
-    lib = torch.library.Library("aten", "IMPL")
+    lib = override_library()
     undo.append(lib._destroy)
-    with warnings.catch_warnings():
-        # Overriding is the point (torch <= 2.11 warns "Overriding a previously registered").
-        warnings.simplefilter("ignore", UserWarning)
-        _rnn_overrides(lib)
-        _dropout_overrides(lib)
-        _batch_norm_override(lib)
-    meta_lib = torch.library.Library("aten", "IMPL")
+    _rnn_overrides(lib)
+    _dropout_overrides(lib)
+    _batch_norm_override(lib)
+    meta_lib = override_library()
     undo.append(meta_lib._destroy)
     _rnn_meta(meta_lib)
     _grouped_mm_meta(meta_lib)

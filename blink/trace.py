@@ -655,13 +655,11 @@ def _sdpa_library(cc: tuple[int, ...], forced: str) -> torch.library.Library:
         return _sdpa.call_fused_sdpa(forced, query, key, value, attn_mask, dropout_p,
                                      is_causal, scale, enable_gqa)
 
-    lib = torch.library.Library("aten", "IMPL")
+    from .cuda_paths import override_library
+
+    lib = override_library()
     # CompositeImplicitAutograd so it also applies under inference_mode (no autograd key).
-    # Overriding is the point, so torch <= 2.11's "Overriding a previously registered kernel"
-    # warning is expected.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        lib.impl("scaled_dot_product_attention", fused, "CompositeImplicitAutograd")
+    lib.impl("scaled_dot_product_attention", fused, "CompositeImplicitAutograd")
     return lib
 
 
@@ -697,10 +695,10 @@ def _conv_layout_library() -> torch.library.Library:
             out = torch.empty(out.shape, dtype=out.dtype, device=out.device, memory_format=fmt)
         return out
 
-    lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        lib.impl("convolution", conv, "Meta")
+    from .cuda_paths import override_library
+
+    lib = override_library()
+    lib.impl("convolution", conv, "Meta")
     return lib
 
 
