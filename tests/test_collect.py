@@ -308,6 +308,22 @@ def test_h200_preset_measures_autocast_group_norm():
     assert len(casts) >= 12  # every norm after a convolution upcasts its fp16 output
 
 
+def test_h200_preset_measures_depthwise_convolutions():
+    # The GPU preset times EfficientNet-B0 (the A100 whole-model gap, README) in TF32, fp16
+    # autocast and bf16; its dry run must hold the depthwise convolutions that gap may be.
+    from blink.collect.presets import ModelRun
+    from blink.collect.protocol import ModelWorkload, Protocol
+
+    h200 = get_preset("h200").configs()
+    for dtype in ("fp32", "amp-fp16", "bf16"):
+        assert ModelRun("torchvision:efficientnet_b0", 256, None, dtype, "inference") in h200
+    t = ModelWorkload(ModelRun("torchvision:efficientnet_b0", 2, None, "fp32", "inference"),
+                      Protocol()).dry_run("H200")
+    convs = [o for o in t.ops if o.name == "aten::convolution"]
+    depthwise = [o for o in convs if o.inputs[1].shape[1] == 1 and o.inputs[1].shape[0] > 1]
+    assert len(convs) == 81 and len(depthwise) == 16
+
+
 def test_h200_preset_measures_transformers_grad_checkpointing():
     # The GPU preset times GPT-2 / BERT training with transformers' own activation
     # checkpointing; the dry run and the real (here CPU) run both switch it on.
