@@ -60,13 +60,20 @@ def _counter_flops(name: str, mode: str) -> int:
     counter = FlopCounterMode(display=False,
                               custom_mapping={torch.ops.aten._grouped_mm: _grouped_mm_flops})
     # .item() on all-ones masks (BART, DeBERTa) is answered as in blink's own retry
-    with cuda_sdpa("H200"), p.known_values_mode(), counter as fc:
-        if mode == "inference":
-            with torch.no_grad():
-                p.net(*p.args, **p.kwargs)
-        else:
-            out = p.net(*p.args, **p.kwargs)
-            _default_loss(out, p.labels).backward()
+    try:
+        with cuda_sdpa("H200"), p.known_values_mode(), counter as fc:
+            if mode == "inference":
+                with torch.no_grad():
+                    p.net(*p.args, **p.kwargs)
+            else:
+                out = p.net(*p.args, **p.kwargs)
+                _default_loss(out, p.labels).backward()
+    except AssertionError as e:
+        if "sdpa_flop_count" not in str(e):
+            raise
+        # the reference, not blink: torch 2.11's formula refuses grouped-query SDPA shapes
+        pytest.skip(f"torch {torch.__version__}'s FlopCounterMode cannot count grouped-query "
+                    "SDPA (enable_gqa)")
     return fc.get_total_flops()
 
 
