@@ -358,7 +358,6 @@ def test_failed_dry_run_names_op_and_module():
     assert not _C.tracer_active()
 
 
-
 # Run in a fresh interpreter, where torch's record of its Python kernels (torch.library._impls)
 # is what torch made it, whatever other tests registered or removed.
 _TORCH_2_11_RULE = r"""
