@@ -324,6 +324,22 @@ def test_h200_preset_measures_depthwise_convolutions():
     assert len(convs) == 81 and len(depthwise) == 16
 
 
+def test_h200_preset_measures_row_norms_over_transformer_widths():
+    # Many-row layer / RMS norms at H 768-4096 (README: layer norm on Hopper), each one
+    # kernel over rows x cols elements in the dry run.
+    from blink.collect.presets import OpRun
+    from blink.collect.protocol import OpWorkload, Protocol
+
+    h200 = get_preset("h200").configs()
+    for family in ("layer_norm", "rms_norm"):
+        for dtype in ("fp32", "bf16"):
+            assert OpRun(family, (("cols", 768), ("rows", 65536)), dtype) in h200
+    t = OpWorkload(OpRun("layer_norm", (("cols", 768), ("rows", 8192)), "fp32"),
+                   Protocol()).dry_run("H200")
+    (norm,) = [o for o in t.ops if o.name == "aten::native_layer_norm"]
+    assert norm.inputs[0].shape == (8192, 768)
+
+
 def test_h200_preset_measures_transformers_grad_checkpointing():
     # The GPU preset times GPT-2 / BERT training with transformers' own activation
     # checkpointing; the dry run and the real (here CPU) run both switch it on.
