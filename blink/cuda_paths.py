@@ -67,28 +67,32 @@ class _OverrideLibrary(torch.library.Library):
     ``allow_override=True``, its default only in later releases; torch <= 2.11 also warns
     "Overriding a previously registered kernel" on every override."""
 
+    def __init__(self) -> None:
+        super().__init__("aten", "IMPL")
+        # keys torch's record of Python kernels (torch.library._impls, "ns/op/key") held before
+        # this library replaced them: torch's own kernels', which _destroy and the library's
+        # finalizer would take out of it along with this library's keys
+        self._replaced: set[str] = set()
+
     def impl(self, op_name: Any, fn: Callable[..., Any], dispatch_key: str = "", *,
              with_keyset: bool = False, allow_override: bool = True) -> None:
-        # torch's record of the kernels registered from Python ("ns/op/key"), which _destroy
-        # and the library's finalizer take this library's keys out of: a key torch had already
-        # is its own kernel's, to be left there
         key = f"{self.ns}/{str(op_name).split('::')[-1]}/{dispatch_key}"
         if key in getattr(torch.library, "_impls", ()):
-            self._replaced = {*getattr(self, "_replaced", ()), key}
+            self._replaced.add(key)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             super().impl(op_name, fn, dispatch_key, with_keyset=with_keyset,
                          allow_override=allow_override)
 
     def _destroy(self) -> None:
-        self._op_impls.difference_update(getattr(self, "_replaced", ()))
+        self._op_impls.difference_update(self._replaced)
         super()._destroy()
 
 
 def override_library() -> torch.library.Library:
     """A fresh ``aten`` IMPL library for overriding kernels during a trace (its ``_destroy``
     puts the previous kernels back, and torch's record of them)."""
-    return _OverrideLibrary("aten", "IMPL")
+    return _OverrideLibrary()
 
 
 # cudnnRNNMode_t values, as RNN.cpp passes them to _cudnn_rnn (mode), with their gate counts.

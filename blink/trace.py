@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import _ext
+from . import _ext, cuda_paths
 from .errors import BlinkError, DataDependentError, MissingMetaKernelError, TraceError
 
 # 2: op rows carry the has-a-CUDA-kernel flag; 3: and the observer's entry / exit timestamps
@@ -604,8 +604,6 @@ class trace:  # noqa: N801 - used as `with blink.trace(model) as t:`
         self._undo.append(h4.remove)
 
         self._install_sdpa()
-        from . import cuda_paths
-
         # cuDNN RNN, fused dropout, cuDNN batch norm, autocast, the MHA fast path
         cc = tuple(self._gpu.compute_capability)
         cuda_paths.install(self._undo, (cc[0], cc[1]))
@@ -655,9 +653,7 @@ def _sdpa_library(cc: tuple[int, ...], forced: str) -> torch.library.Library:
         return _sdpa.call_fused_sdpa(forced, query, key, value, attn_mask, dropout_p,
                                      is_causal, scale, enable_gqa)
 
-    from .cuda_paths import override_library
-
-    lib = override_library()
+    lib = cuda_paths.override_library()
     # CompositeImplicitAutograd so it also applies under inference_mode (no autograd key).
     lib.impl("scaled_dot_product_attention", fused, "CompositeImplicitAutograd")
     return lib
@@ -695,9 +691,7 @@ def _conv_layout_library() -> torch.library.Library:
             out = torch.empty(out.shape, dtype=out.dtype, device=out.device, memory_format=fmt)
         return out
 
-    from .cuda_paths import override_library
-
-    lib = override_library()
+    lib = cuda_paths.override_library()
     lib.impl("convolution", conv, "Meta")
     return lib
 
