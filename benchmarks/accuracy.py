@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/accuracy.py [--out DIR] [--nthread 1] [--no-figures]
 
-The same as `blink evaluate` (blink/train/evaluate.py says what each split holds out):
+The same as `blink evaluate` (blink/train/evaluation.py says what each split holds out):
 per-unit kernels of the public NeuSight and DeepBench sets leave-one-GPU-out and above the
 trained batch sizes (roofline, analytic, trees), and whole timm models on an RTX 3090 with
 held-out families (roofline, analytic, trees, GNN, trees + GNN, whole-model baseline,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from blink.train.evaluate import main
+from blink.train.evaluation import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -180,10 +180,9 @@ def kernel_choice(rows: list[tuple[str, str, tuple[int, ...], float, float, dict
 def level_bound() -> None:
     """Section 4: held-out-GPU GEMM MAPE, and the same with each held-out chip's own level
     (its median log(measured / predicted)) known, which no model of an unseen board has."""
-    import importlib
-
+    from blink.train import evaluation as ev
     from blink.train import fit
-    ev = importlib.import_module("blink.train.evaluate")  # the package re-exports a function
+
     fit.set_threads(2)
     t = td.tables_by_kind(td.load_units(td.public_root()))["gemm"]
     r = ev.unit_logo(t, fit.NUM_ROUNDS, 0.9)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from blink.train import gnn_fit  # noqa: E402
 from blink.train import model_level as ml  # noqa: E402
-from blink.train.evaluate import BLEND_WEIGHT_GNN, blend_ms, group_folds  # noqa: E402
+from blink.train.evaluation import BLEND_WEIGHT_GNN, blend_ms, group_folds  # noqa: E402
 from blink.train.timm_cache import default_cache_path, load_cache  # noqa: E402
 from blink.train.timm_graphs import default_graphs_path, load_graphs  # noqa: E402
 

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from blink.train.data import load_units, public_root, tables_by_kind  # noqa: E402
-from blink.train.evaluate import held_out_calibration  # noqa: E402
+from blink.train.evaluation import held_out_calibration  # noqa: E402
 from blink.train.fit import NUM_ROUNDS, conformal_q, set_threads  # noqa: E402
 from blink.train.units import PairForests, logo, nested_shrink  # noqa: E402
 

@@ -157,7 +157,7 @@ def _add_train_parsers(sub: argparse._SubParsersAction) -> None:
         return run(a)
 
     def _evaluate(a: argparse.Namespace) -> int:
-        from .train.evaluate import run
+        from .train.evaluation import run
 
         return run(a)
 

@@ -500,6 +500,23 @@ def test_import_blink_does_not_import_xgboost():
     assert out.stdout.strip() == "False"
 
 
+def test_package_evaluate_stays_callable_after_its_module_loads():
+    """blink.train.evaluate is the function: importing the module that defines it (as the
+    function itself and `blink evaluate` do) must not replace it. Until 2026-12-07 that module
+    was blink/train/evaluate.py, which Python's import set over the function, so a second call
+    raised "'module' object is not callable"."""
+    code = ("import types, blink.train as bt, blink.train.evaluation as ev, blink.cli\n"
+            "from blink.train import evaluate\n"
+            "assert evaluate is bt.evaluate and not isinstance(evaluate, types.ModuleType)\n"
+            "assert ev.evaluate.__name__ == 'evaluate' and callable(evaluate)\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    ran = subprocess.run([sys.executable, "-m", "blink.train.evaluation", "--help"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert ran.returncode == 0 and "python -m blink.train.evaluation" in ran.stdout
+
+
 def test_cli_train_and_evaluate(tmp_path, capsys):
     """`blink train` and `blink evaluate` end to end on small slices, through the CLI."""
     from blink.cli import main

@@ -1,12 +1,13 @@
 """Training: public measurements -> the shipped predictor artifacts in models/.
 
     blink train                      # or: python -m blink.train
-    blink evaluate                   # or: python -m blink.train.evaluate
+    blink evaluate                   # or: python -m blink.train.evaluation
 
 XGBoost is needed here only (imported lazily); prediction reads the JSON artifacts from C++.
 Modules: data (rows from the public sets, featured by the C++ core), fit (forests, folds,
 conformal), units (held-out-GPU fits), timm_cache (the model-level set), model_level,
-pipeline (writes models/), evaluate (the accuracy tables and figures).
+pipeline (writes models/), evaluation (the accuracy tables and figures; its `evaluate` is
+re-exported here as blink.train.evaluate).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def train(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def evaluate(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """blink.train.evaluate.evaluate (see there)."""
-    from .evaluate import evaluate as _evaluate
+    """blink.train.evaluation.evaluate (see there)."""
+    from .evaluation import evaluate as _evaluate
 
     return _evaluate(*args, **kwargs)

@@ -30,7 +30,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def add_evaluate_arguments(ap: argparse.ArgumentParser) -> None:
     """`blink evaluate`'s arguments, defined here so that building the CLI imports neither numpy
-    nor xgboost (blink/train/evaluate.py does)."""
+    nor xgboost (blink/train/evaluation.py does)."""
     ap.add_argument("--data", default=None, help="the shared/data/public folder")
     ap.add_argument("--out", default=None,
                     help="output folder (default benchmarks/results/accuracy)")

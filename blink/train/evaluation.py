@@ -1,4 +1,4 @@
-"""`blink evaluate` / `python -m blink.train.evaluate`: accuracy on held-out GPUs, families and
+"""`blink evaluate` / `python -m blink.train.evaluation`: accuracy on held-out GPUs, families and
 batch sizes, with an ablation in one run.
 
 Per unit (NeuSight + DeepBench kernels), every number is for rows whose GPU chip the forest never
@@ -635,7 +635,7 @@ def _jsonable(x: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m blink.train.evaluate", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m blink.train.evaluation", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)
     a = ap.parse_args(argv)
