@@ -24,8 +24,6 @@ norms 2-3x slower on Hopper (25-36 GB/s of DRAM per SM). This prints the evidenc
 """
 from __future__ import annotations
 
-import csv
-import gzip
 import math
 import sys
 import time
@@ -52,10 +50,7 @@ MIN_SHIFT = 0.01
 
 def neusight_ln(root: Path) -> dict[str, np.ndarray]:
     """NeuSight's layer-norm rows as kernel times with Blink's analytic time beside."""
-    rows = td.load_neusight(root, max_rows_per_file=10, mixed_rows=None)
-    floors = td.neusight_floors(rows)
-    rows = td.remove_neusight_floor([r for r in rows if td._usable(r)], floors)
-    ln = [r for r in rows if r.family == "ln"]
+    ln = [r for r in td.load_units(root, neusight_rows_per_file=10) if r.family == "ln"]
     sms = {g: core_gpu_fields(g)["sm_count"] for g in {r.gpu for r in ln}}
     return {
         "gpu": np.array([r.gpu for r in ln]),
@@ -101,15 +96,14 @@ def section_neusight(d: dict[str, np.ndarray]) -> float:
         tr, te = d["gpu"] != g, d["gpu"] == g
         a = np.abs(d["ana"][te] - d["meas"][te]) / d["meas"][te]
         errs[0] += a.tolist()
-        cells = []
+        line = f"{g:16} {a.mean() * 100:9.1f}"
         for i, (units, grid) in enumerate(forms, start=1):
             c = min(grid, key=lambda c, u=units: mape(floored(d["ana"][tr], u[tr], c),
                                                        d["meas"][tr]))
             f = np.abs(floored(d["ana"][te], units[te], c) - d["meas"][te]) / d["meas"][te]
             errs[i] += f.tolist()
-            cells.append(f"{c:>9.2f} {f.mean() * 100:7.1f}" if i == 1
-                         else f"{c:>8.2f} {f.mean() * 100:7.1f}")
-        print(f"{g:16} {a.mean() * 100:9.1f} " + " ".join(cells))
+            line += f" {c:{9 if i == 1 else 8}.2f} {f.mean() * 100:7.1f}"
+        print(line)
     print(f"{'all':16} {np.mean(errs[0]) * 100:9.1f} {'':9} {np.mean(errs[1]) * 100:7.1f} "
           f"{'':8} {np.mean(errs[2]) * 100:7.1f}")
     c_all = float(min(GRID_US, key=lambda c: mape(floored(d["ana"], rps, c), d["meas"])))
@@ -118,15 +112,11 @@ def section_neusight(d: dict[str, np.ndarray]) -> float:
 
 
 def section_timm(root: Path, c_us: float) -> None:
-    from blink.predict import predict_trace
     from blink.train import timm_cache as tc
 
     warnings.filterwarnings("ignore")
-    src = root / "timm-rtx3090" / tc._source("inference").file
-    bench = {r["model"]: r for r in tc.read_benchmark(src)}
-    cache = REPO / "data" / "derived" / "timm_rtx3090_infer.csv.gz"
-    with gzip.open(cache, "rt") as fh:
-        cached = sorted(csv.DictReader(fh), key=lambda r: r["model"])
+    bench = {r["model"]: r for r in tc.read_benchmark(tc.benchmark_path(root))}
+    cached = sorted(tc.load_cache(), key=lambda r: r["model"])
     taken: dict[str, int] = defaultdict(int)
     sms = float(core_gpu_fields(tc.GPU)["sm_count"])
     by_fam: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
@@ -141,8 +131,7 @@ def section_timm(root: Path, c_us: float) -> None:
             t, _ = tc.build_model(row["model"], bs, img, float(r["param_count"]) * 1e6)
         except Exception:  # noqa: BLE001 - the cache's own build skipped such models too
             continue
-        p = predict_trace(t, tc.GPU, allow_tf32_matmul=True, allow_tf32_cudnn=True,
-                          cudnn_benchmark=True, host_time="table", predictor="analytic")
+        p = tc.predict_benchmark_trace(t)
         ops = {o.id: o for o in t.ops}
         added = 0.0
         for u in p.units:

@@ -38,7 +38,6 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from blink.predict import predict_trace  # noqa: E402
 from blink.trace import TensorMeta  # noqa: E402
 from blink.train import timm_cache as tc  # noqa: E402
 
@@ -56,8 +55,7 @@ def _has_group_norm(name: str) -> bool:
 def _split(name: str, batch: int, img: int) -> tuple[float, float, float]:
     """(analytic ms, group-norm ms, dtype-cast copy ms) of one benchmark row."""
     t, _ = tc.build_model(name, batch, img, None, "inference")
-    p = predict_trace(t, tc.GPU, allow_tf32_matmul=True, allow_tf32_cudnn=True,
-                      cudnn_benchmark=True, host_time="table", predictor="analytic")
+    p = tc.predict_benchmark_trace(t)
     ops = {o.id: o for o in t.ops}
     gn = cast = 0.0
     for u in p.units:

@@ -41,12 +41,16 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..learned import MODEL_KINDS, model_summary
 
-__all__ = ["CACHE_NAME", "KINDS", "MODES", "TRAIN_CACHE_NAME", "build_cache", "family_of",
-           "load_cache", "select_models"]
+if TYPE_CHECKING:
+    from ..predict import Prediction
+    from ..trace import Trace
+
+__all__ = ["CACHE_NAME", "KINDS", "MODES", "TRAIN_CACHE_NAME", "benchmark_path", "build_cache",
+           "family_of", "load_cache", "predict_benchmark_trace", "select_models"]
 
 CACHE_NAME = "timm_rtx3090_infer.csv.gz"
 SOURCE_FILE = "benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv.gz"
@@ -146,6 +150,11 @@ def family_of(model: str) -> str:
 def read_benchmark(path: Path) -> list[dict[str, str]]:
     with gzip.open(path, "rt", newline="") as fh:
         return list(csv.DictReader(fh))
+
+
+def benchmark_path(data_root: Path, mode: str = "inference") -> Path:
+    """The public timm-rtx3090 file of `mode`'s measurements under `data_root`."""
+    return data_root / "timm-rtx3090" / _source(mode).file
 
 
 def select_models(rows: list[dict[str, str]], max_models: int) -> list[dict[str, str]]:
@@ -307,21 +316,26 @@ def build_model(name: str, batch: int, img: int, want_params: float | None = Non
     return t, params
 
 
+def predict_benchmark_trace(t: Trace) -> Prediction:
+    """blink's analytic prediction of a build_model trace as timm's benchmark ran it."""
+    from ..predict import predict_trace
+
+    # timm's benchmark.py sets cudnn.benchmark and matmul.allow_tf32 = True. The cache holds
+    # the analytic prediction (the trees' input), with the deterministic host table (the
+    # benchmark's host is not this CPU).
+    return predict_trace(t, GPU, allow_tf32_matmul=True, allow_tf32_cudnn=True,
+                         cudnn_benchmark=True, host_time="table", predictor="analytic")
+
+
 def predict_row(r: dict[str, str], on_trace: Any = None,
                 mode: str = "inference") -> dict[str, Any]:
     """blink's prediction for one benchmark row of `mode`'s file (raises on a failed build,
     trace or param mismatch); on_trace(name, batch, img, trace) sees the trace of a kept row."""
-    from ..predict import predict_trace
-
     src = _source(mode)
     name = r["model"]
     bs, img = int(r[f"{src.prefix}_batch_size"]), int(r[f"{src.prefix}_img_size"])
     t, params = build_model(name, bs, img, float(r["param_count"]) * 1e6, mode)
-    # timm's benchmark.py sets cudnn.benchmark and matmul.allow_tf32 = True. The cache holds
-    # the analytic prediction (the trees' input), with the deterministic host table (the
-    # benchmark's host is not this CPU).
-    p = predict_trace(t, GPU, allow_tf32_matmul=True, allow_tf32_cudnn=True,
-                      cudnn_benchmark=True, host_time="table", predictor="analytic")
+    p = predict_benchmark_trace(t)
     out: dict[str, Any] = {
         "model": name, "family": family_of(name), "img_size": img, "batch": bs,
         "measured_ms": float(r[f"{src.prefix}_step_time"]),
@@ -346,7 +360,7 @@ def build_cache(data_root: Path, out: Path | None = None, max_models: int = DEFA
     import torch
 
     source = _source(mode)
-    src = data_root / "timm-rtx3090" / source.file
+    src = benchmark_path(data_root, mode)
     rows = select_models(read_benchmark(src), max_models)
     out = out or default_cache_path(mode)
     out.parent.mkdir(parents=True, exist_ok=True)
