@@ -172,9 +172,35 @@ def test_nchw_half_conv_pays_layout_transposes():
     moved = 2 * (n * c * h * h + k * c * 9) * 2
     assert nchw["aux_bytes"] == pytest.approx(moved)
     assert nchw["analytic_time_s"] - nhwc["analytic_time_s"] >= moved / bw("H100-SXM")
-    # TF32 kernels read NCHW directly: no transposes
-    tf32 = conv(n, c, h, h, k, 3, dt=F32)
-    assert tf32["math_mode"] == "tf32" and tf32["aux_bytes"] == 0
+
+
+def test_nchw_tf32_conv_pays_the_transposes_but_not_in_its_weight_gradient():
+    # cuDNN's NCHW TF32 forward and data-gradient kernels run slower than its NHWC ones; its
+    # NHWC weight gradient gained nothing, so that pass keeps NCHW at no cost.
+    n, c, h, k = 32, 256, 28, 256
+    nchw, nhwc = conv(n, c, h, h, k, 3, dt=F32), conv(n, c, h, h, k, 3, dt=F32, cl=True)
+    assert nchw["math_mode"] == nhwc["math_mode"] == "tf32"
+    assert nchw["kernels"] == nhwc["kernels"] + 2
+    assert nchw["aux_bytes"] - nhwc["aux_bytes"] == pytest.approx(
+        2 * (n * c * h * h + k * c * 9) * 4)
+    assert nchw["analytic_time_s"] > nhwc["analytic_time_s"]
+    # the data gradient transposes grad_output and the filter
+    d_nchw, d_nhwc = (_conv_backward(n, c, h, h, k, 3, 1, [1, 0], "A100-80GB", cl, True)
+                      for cl in (False, True))
+    assert d_nchw["math_mode"] == "tf32"
+    assert d_nchw["aux_bytes"] - d_nhwc["aux_bytes"] == pytest.approx(
+        2 * (n * k * h * h + k * c * 9) * 4)
+    # the weight gradient does not
+    w_nchw, w_nhwc = (_conv_backward(n, c, h, h, k, 3, 1, [0, 1], "A100-80GB", cl, True)
+                      for cl in (False, True))
+    assert w_nchw["math_mode"] == "tf32"
+    assert w_nchw["kernels"] == w_nhwc["kernels"]
+    assert w_nchw["aux_bytes"] == pytest.approx(w_nhwc["aux_bytes"])
+    # without TF32 (allow_tf32_cudnn off) the convolution runs FP32 SIMT kernels: no transposes
+    fp32 = conv(n, c, h, h, k, 3, dt=F32, allow_tf32_cudnn=False)
+    assert fp32["math_mode"] == "fp32_simt"
+    assert fp32["kernels"] == conv(n, c, h, h, k, 3, dt=F32, cl=True,
+                                   allow_tf32_cudnn=False)["kernels"]
 
 
 def test_conv_bias_is_a_separate_add_kernel():
@@ -218,20 +244,22 @@ def test_narrow_stem_weight_gradient_is_split_across_the_gpu():
     assert f["analytic_time_s"] <= 6 * floor
 
 
-def _conv_backward(n, c, h, w, k, r, stride, mask, gpu="V100"):
-    """convolution_backward of an r x r, `stride` convolution (padding r // 2), FP32, for the
-    passes `mask` asks for ([grad_input, grad_weight, grad_bias])."""
+def _conv_backward(n, c, h, w, k, r, stride, mask, gpu="V100", cl=False, tf32=False):
+    """convolution_backward of an r x r, `stride` convolution (padding r // 2), FP32 (TF32
+    where `tf32`; channels-last where `cl`), for the passes `mask` asks for ([grad_input,
+    grad_weight])."""
     pad = r // 2
     oh = (h + 2 * pad - r) // stride + 1
     ow = (w + 2 * pad - r) // stride + 1
-    outs = [tensor((n, c, h, w), F32, 2) if mask[0] else (NONE, None),
-            tensor((k, c, r, r), F32, 3) if mask[1] else (NONE, None), (NONE, None)]
+    outs = [tensor((n, c, h, w), F32, 2, cl) if mask[0] else (NONE, None),
+            tensor((k, c, r, r), F32, 3, cl) if mask[1] else (NONE, None), (NONE, None)]
     return unit_features("aten::convolution_backward",
-                         [tensor((n, k, oh, ow), F32, -1), tensor((n, c, h, w), F32, -2),
-                          tensor((k, c, r, r), F32, -3), (NONE, None), (INTL, [stride, stride]),
-                          (INTL, [pad, pad]), (INTL, [1, 1]), (BOOL, False), (INTL, [0, 0]),
-                          (INT, 1), (INTL, [int(m) for m in mask] + [0])],
-                         outs, gpu, allow_tf32_cudnn=False)
+                         [tensor((n, k, oh, ow), F32, -1, cl), tensor((n, c, h, w), F32, -2, cl),
+                          tensor((k, c, r, r), F32, -3, cl), (NONE, None),
+                          (INTL, [stride, stride]), (INTL, [pad, pad]), (INTL, [1, 1]),
+                          (BOOL, False), (INTL, [0, 0]), (INT, 1),
+                          (INTL, [int(m) for m in mask] + [0])],
+                         outs, gpu, allow_tf32_cudnn=tf32)
 
 
 def test_grouped_convolution_backward_runs_at_the_grouped_rate():

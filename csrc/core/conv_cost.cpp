@@ -252,11 +252,21 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
           }
         }
       }
-      if ((mode == MathMode::kFp16Tc || mode == MathMode::kBf16Tc) && !f.channels_last) {
+      const bool half_tc = mode == MathMode::kFp16Tc || mode == MathMode::kBf16Tc;
+      if ((half_tc || (mode == MathMode::kTf32 && pass != kWgrad)) && !f.channels_last) {
         // Half-precision tensor-core kernels read NHWC: an NCHW activation and the KCRS filter
         // are transposed first (cudnn nchwToNhwcKernel, read + write each); the kernel's
         // epilogue stores the result straight into the NCHW output. Sanity check, not a fit:
         // timm's RTX 3090 AMP NCHW vs channels-last pairs (resnet50 1.14x, regnety_040 1.27x).
+        // TF32 (cuDNN 8+): NVIDIA's NCHW TF32 forward and data-gradient kernels run behind its
+        // NHWC ones (tensorflow PR 58054, NVIDIA: NHWC for TF32 inference "~20% perf
+        // improvement in most cases" of convnets; "only for the fwd and bwd_data
+        // convolutions", NHWC not faster for bwd_filter), the tensor-core overhead NVIDIA's
+        // convolution performance guide puts on NCHW; costed as the same transposes, no
+        // constant fitted (ResNet-50 TF32 inference NCHW / NHWC 1.00 -> 1.22 on an A100).
+        // Until 2026-12-07 TF32 NCHW cost what NHWC did; NVIDIA's published A100 TF32 rows
+        // (data/published) are the check: EfficientNet 0.63 -> 0.70 of published, ResNet-50
+        // training 0.74 -> 0.83.
         const double in_b = pass == kDgrad ? s.y_bytes() : (pass == kWgrad ? s.y_bytes() + s.x_bytes()
                                                                            : s.x_bytes());
         plan.aux_bytes += 2.0 * (in_b + s.w_bytes());
