@@ -1,4 +1,5 @@
-"""Whole-model inference times on three more GPUs: NVIDIA's published ConvNets tables.
+"""Whole-model inference and training times on three more GPUs: NVIDIA's published ConvNets
+tables.
 
     .venv/bin/python benchmarks/models_published.py        (~40 s)
 
@@ -27,6 +28,10 @@ time is the harness's own per-batch floor (10-13 ms for ResNet-50 on every GPU a
 8-30 ms for EfficientNet: PyTorch 1.9's host work and the benchmark loop, well above what a
 current PyTorch takes), which smaller batches hide their GPU time under.
 
+Training (data/published/dle_convnets_training.csv): the same READMEs' one-GPU training
+throughputs, A100 80GB (TF32, AMP) and V100 (FP32, AMP), as a training step of the same
+networks at the tables' per-GPU batch; their data loader and mixup run alongside.
+
 Left out: ResNeXt101-32x4d's README (the PyTorch 20.06 container). Its T4 "FP32" rows run
 faster than the T4's FP32 peak allows (449 images/s at batch 64, above ResNet-50's 428 in the
 same precision with half the FLOPs; faster than Blink's roofline too), so that table was not
@@ -48,6 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 DATA = REPO / "data" / "published" / "dle_convnets_inference.csv"
+TRAINING_DATA = REPO / "data" / "published" / "dle_convnets_training.csv"
 FLOOR_MULTIPLE = 3.0
 LEFT_OUT = {"resnext101-32x4d"}  # see the docstring
 # DeepLearningExamples' model names -> Blink's zoo name and input resolution.
@@ -58,9 +64,9 @@ MODELS = {
     "efficientnet-b0": ("timm:efficientnet_b0", 224),
     "efficientnet-b4": ("timm:efficientnet_b4", 380),
 }
-# The tables' GPUs -> Blink's hardware table (DGX-1's V100 SXM2 16GB runs the V100's clocks
-# and 900 GB/s; DGX A100's A100 SXM4 80GB is the A100-80GB entry).
-GPUS = {"V100-16GB": "V100", "T4": "T4", "A100-80GB": "A100-80GB"}
+# The tables' GPUs -> Blink's hardware table (DGX-1's V100 SXM2 16GB and 32GB run the V100's
+# clocks and 900 GB/s; DGX A100's A100 SXM4 80GB is the A100-80GB entry).
+GPUS = {"V100-16GB": "V100", "V100-32GB": "V100", "T4": "T4", "A100-80GB": "A100-80GB"}
 warnings.filterwarnings("ignore", message="Mapping deprecated model name")
 
 
@@ -85,14 +91,18 @@ def gpu_bound(rows: list[dict[str, str]]) -> list[tuple[dict[str, str], float]]:
             if t >= FLOOR_MULTIPLE * floor[(r["model"], r["gpu"], r["precision"])]]
 
 
-def predict(model: str, gpu: str, precision: str, batch: int) -> dict[str, float]:
+def predict(model: str, gpu: str, precision: str, batch: int,
+            mode: str = "inference") -> dict[str, float]:
+    """Blink's analytic and shipped (auto) times of one batch as the tables ran it: an
+    inference forward, or (mode="train") a training step with SGD (the tables' EfficientNet
+    RMSprop costs what SGD with momentum does to within its few million parameters)."""
     from blink.dryrun import trace_model
     from blink.predict import predict_trace
 
     name, px = MODELS[model]
     amp = precision == "AMP"
     t = trace_model(name, input_shape=(batch, 3, px, px), dtype="amp-fp16" if amp else "fp32",
-                    gpu=GPUS[gpu], channels_last=amp)
+                    gpu=GPUS[gpu], channels_last=amp, mode=mode, optimizer="sgd")
     tf32 = precision == "TF32"
     kw = {"allow_tf32_matmul": tf32, "allow_tf32_cudnn": tf32, "cudnn_benchmark": True,
           "host_time": "table"}
@@ -101,6 +111,12 @@ def predict(model: str, gpu: str, precision: str, batch: int) -> dict[str, float
     # predictor="analytic" loads no learned models, so its lower end is the roofline timeline.
     return {"roofline": a.lower_ms, "analytic": a.time_ms, "blink": b.time_ms,
             "lower": b.lower_ms, "upper": b.upper_ms}
+
+
+def read_training_rows() -> list[dict[str, str]]:
+    """The published one-GPU training throughputs (TRAINING_DATA)."""
+    with TRAINING_DATA.open(newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def _stats(pairs: list[tuple[float, float]]) -> str:
@@ -112,16 +128,10 @@ def _stats(pairs: list[tuple[float, float]]) -> str:
             f"{float(np.median(pred / meas)):6.2f}")
 
 
-def main() -> int:
-    start = time.time()
-    all_rows = read_rows()
-    scored = gpu_bound(all_rows)
-    out = [(r, t, predict(r["model"], r["gpu"], r["precision"], int(r["batch"])))
-           for r, t in scored]
+def _report(out: list[tuple[dict[str, str], float, dict[str, float]]]) -> None:
+    """Per-row times, then MAPE / median / p90 / ratio / coverage by GPU x precision and
+    model."""
     preds = ("roofline", "analytic", "blink")
-    print(f"NVIDIA DeepLearningExamples ConvNets inference tables: {len(out)} GPU-bound rows of "
-          f"{len(all_rows)} (>= {FLOOR_MULTIPLE:g}x the table's batch-1 time), "
-          f"{time.time() - start:.0f} s")
     print("ms per batch; ratio = blink / published; in = published inside blink's interval")
     print(f"{'model':<20} {'gpu':<10} {'prec':<5} {'batch':>5} {'published':>10} "
           f"{'roofline':>9} {'analytic':>9} {'blink':>9} {'ratio':>6} {'in':>3}")
@@ -142,6 +152,27 @@ def main() -> int:
         cells = " | ".join(_stats([(p[k], t) for t, p in v]) for k in preds)
         cov = statistics.fmean(1.0 if p["lower"] <= t <= p["upper"] else 0.0 for t, p in v)
         print(f"{g:<26} {len(v):>3} | {cells} | {100 * cov:3.0f}%")
+
+
+def main() -> int:
+    start = time.time()
+    all_rows = read_rows()
+    scored = gpu_bound(all_rows)
+    out = [(r, t, predict(r["model"], r["gpu"], r["precision"], int(r["batch"])))
+           for r, t in scored]
+    print(f"NVIDIA DeepLearningExamples ConvNets inference tables: {len(out)} GPU-bound rows of "
+          f"{len(all_rows)} (>= {FLOOR_MULTIPLE:g}x the table's batch-1 time), "
+          f"{time.time() - start:.0f} s")
+    _report(out)
+
+    start = time.time()
+    train = [(r, batch_ms(r), predict(r["model"], r["gpu"], r["precision"], int(r["batch"]),
+                                      mode="train"))
+             for r in read_training_rows()]
+    print(f"\nNVIDIA DeepLearningExamples ConvNets training tables (one GPU; {TRAINING_DATA.name}):"
+          f" {len(train)} rows, a training step (forward, loss, backward, SGD step) per batch, "
+          f"{time.time() - start:.0f} s")
+    _report(train)
     return 0
 
 
