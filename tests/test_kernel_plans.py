@@ -198,9 +198,29 @@ def test_nchw_tf32_conv_pays_the_transposes_but_not_in_its_weight_gradient():
     assert w_nchw["aux_bytes"] == pytest.approx(w_nhwc["aux_bytes"])
     # without TF32 (allow_tf32_cudnn off) the convolution runs FP32 SIMT kernels: no transposes
     fp32 = conv(n, c, h, h, k, 3, dt=F32, allow_tf32_cudnn=False)
+    fp32_cl = conv(n, c, h, h, k, 3, dt=F32, cl=True, allow_tf32_cudnn=False)
     assert fp32["math_mode"] == "fp32_simt"
-    assert fp32["kernels"] == conv(n, c, h, h, k, 3, dt=F32, cl=True,
-                                   allow_tf32_cudnn=False)["kernels"]
+    assert fp32["kernels"] == fp32_cl["kernels"]
+    assert fp32["aux_bytes"] == pytest.approx(fp32_cl["aux_bytes"])
+
+
+def test_nchw_tf32_transposed_convolution_transposes_what_its_data_gradient_kernel_reads():
+    # ConvTranspose2d's forward runs cuDNN's data-gradient kernel over its input: under TF32 in
+    # NCHW that input (N, K, H/2, W/2) and the filter are transposed, as in a data gradient.
+    n, c, h, k = 32, 128, 28, 256
+
+    def tconv(cl):
+        ins = [tensor((n, k, h // 2, h // 2), F32, -1, cl), tensor((k, c, 2, 2), F32, -2, cl),
+               (NONE, None), (INTL, [2, 2]), (INTL, [0, 0]), (INTL, [1, 1]), (BOOL, True),
+               (INTL, [0, 0]), (INT, 1)]
+        return unit_features("aten::convolution", ins, [tensor((n, c, h, h), F32, 1, cl)],
+                             "A100-80GB")
+
+    nchw, nhwc = tconv(False), tconv(True)
+    assert nchw["math_mode"] == nhwc["math_mode"] == "tf32"
+    assert nchw["kernels"] == nhwc["kernels"] + 2
+    assert nchw["aux_bytes"] - nhwc["aux_bytes"] == pytest.approx(
+        2 * (n * k * (h // 2) ** 2 + k * c * 4) * 4)
 
 
 def test_conv_bias_is_a_separate_add_kernel():

@@ -222,8 +222,9 @@ def _h200() -> Preset:
                         ["bf16", "fp32"], ["inference", "train"])
               # Depthwise and narrow 1x1 convolutions on a datacentre GPU with today's cuDNN:
               # NVIDIA's published A100 EfficientNet tables (PyTorch 1.9, cuDNN 8.1) run 1.4-1.6x
-              # Blink's time in TF32 and AMP while its V100 rows are within 4-11% (README,
-              # benchmarks/models_published.py); fp32 here is TF32 in cuDNN (PyTorch's default).
+              # Blink's time in TF32 and AMP, inference and training, while its V100 inference
+              # rows are within 3-10% (README, benchmarks/models_published.py); fp32 here is
+              # TF32 in cuDNN (PyTorch's default), NCHW.
               + _models(["torchvision:efficientnet_b0"], [64, 256], ["fp32", "amp-fp16", "bf16"],
                         ["inference"])
               + _models(["hf:gpt2", "hf:bert-base"], [1, 8], ["bf16"],

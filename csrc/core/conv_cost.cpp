@@ -263,10 +263,9 @@ double plan_conv(UnitFeatures& f, int passes, const GpuSpec& g, const FeatureOpt
         // improvement in most cases" of convnets; "only for the fwd and bwd_data
         // convolutions", NHWC not faster for bwd_filter), the tensor-core overhead NVIDIA's
         // convolution performance guide puts on NCHW; costed as the same transposes, no
-        // constant fitted (ResNet-50 TF32 inference NCHW / NHWC 1.00 -> 1.22 on an A100).
-        // Until 2026-12-07 TF32 NCHW cost what NHWC did; NVIDIA's published A100 TF32 rows
-        // (data/published) are the check: EfficientNet 0.63 -> 0.70 of published, ResNet-50
-        // training 0.74 -> 0.83.
+        // constant fitted. Until 2026-12-07 TF32 NCHW cost what NHWC did; NVIDIA's published
+        // A100 TF32 rows are the check (benchmarks/models_published.py, README). A Conv1d has
+        // no channels-last layout, so it always pays them, as in half precision.
         const double in_b = pass == kDgrad ? s.y_bytes() : (pass == kWgrad ? s.y_bytes() + s.x_bytes()
                                                                            : s.x_bytes());
         plan.aux_bytes += 2.0 * (in_b + s.w_bytes());
