@@ -70,11 +70,15 @@ GPUS = {"V100-16GB": "V100", "V100-32GB": "V100", "T4": "T4", "A100-80GB": "A100
 warnings.filterwarnings("ignore", message="Mapping deprecated model name")
 
 
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def read_rows(keep_left_out: bool = False) -> list[dict[str, str]]:
     """The published rows with a throughput, less the LEFT_OUT models unless `keep_left_out`."""
-    with DATA.open(newline="") as f:
-        return [r for r in csv.DictReader(f)
-                if r["throughput_img_s"] and (keep_left_out or r["model"] not in LEFT_OUT)]
+    return [r for r in _read_csv(DATA)
+            if r["throughput_img_s"] and (keep_left_out or r["model"] not in LEFT_OUT)]
 
 
 def batch_ms(r: dict[str, str]) -> float:
@@ -115,8 +119,7 @@ def predict(model: str, gpu: str, precision: str, batch: int,
 
 def read_training_rows() -> list[dict[str, str]]:
     """The published one-GPU training throughputs (TRAINING_DATA)."""
-    with TRAINING_DATA.open(newline="") as f:
-        return list(csv.DictReader(f))
+    return _read_csv(TRAINING_DATA)
 
 
 def _stats(pairs: list[tuple[float, float]]) -> str:
